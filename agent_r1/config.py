@@ -107,16 +107,69 @@ class RetrievalConfig(_Strict):
     server: ServerConfig = ServerConfig()
 
 
+# ------------------------------------------------------------- env / reward
+class ProcessRewardConfig(_Strict):
+    """Per-turn rewards for intermediate steps, placed on the last token of the turn.
+
+    FINDINGS.md: an uncapped per-document search reward was hacked within 10
+    RL steps (search every turn, never answer). So by default they are paid
+    only in episodes that end with an answer and their total is capped well
+    below a correct answer's reward.
+    """
+
+    enabled: bool = True
+    valid_call: float = Field(0.02, ge=-1.0, le=1.0, description="each well-formed tool call")
+    new_support_doc: float = Field(0.1, ge=-1.0, le=1.0, description="a search surfaces a supporting doc not seen before")
+    invalid_call: float = Field(-0.05, ge=-1.0, le=1.0, description="each malformed / failed tool call")
+    cap: float = Field(0.3, ge=0.0, le=1.0, description="max total positive process reward per episode")
+    only_if_answered: bool = Field(True, description="positive process rewards only in episodes that answer")
+
+
+class RewardConfig(_Strict):
+    scheme: Literal["paper", "answer_only", "answer_plus_format"] = Field(
+        "paper", description="paper: answer score if the format is valid, else format_score - 1"
+    )
+    answer_metric: Literal["em", "f1"] = Field("f1", description="f1 gives partial credit: a denser signal")
+    format_score: float = Field(0.1, ge=0.0, le=1.0)
+    process: ProcessRewardConfig = ProcessRewardConfig()
+
+
+class EnvConfig(_Strict):
+    format: Literal["tags", "tool_call"] = "tags"
+    max_turns: int = Field(4, ge=1, le=32, description="assistant turns per episode")
+    one_shot: bool = Field(True, description="put a one-shot example conversation in the system prompt")
+    doc_chars: int = Field(300, ge=20, description="characters of each hit's text shown to the agent")
+    tool_timeout_s: float = Field(10.0, gt=0.0)
+    reward: RewardConfig = RewardConfig()
+
+
+# -------------------------------------------------------------------- rollout
+class RolloutConfig(_Strict):
+    engine: Literal["transformers", "vllm"] = "transformers"
+    n: int = Field(4, ge=1, description="samples per question: one GRPO/RLOO group")
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(160, ge=1, description="tokens generated per turn")
+    max_total_tokens: int = Field(2048, ge=64, description="prompt + all turns; longer episodes are truncated")
+    batch_size: int = Field(32, ge=1, description="episodes per generate() call")
+    dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    seed: int = 0
+
+
 # ---------------------------------------------------------------------- root
 class Params(_Strict):
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     retrieval: RetrievalConfig = RetrievalConfig()
+    env: EnvConfig = EnvConfig()
+    rollout: RolloutConfig = RolloutConfig()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "Params":
         if self.data.source == "synthetic" and self.data.real.url is not None:
             raise ValueError("data.real.url is set but data.source is 'synthetic'")
+        if self.rollout.max_new_tokens >= self.rollout.max_total_tokens:
+            raise ValueError("rollout.max_new_tokens must be smaller than rollout.max_total_tokens")
         return self
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 DATA_DIR = Path("data")
 RAW_DIR = DATA_DIR / "raw"  # download stage: official files as published
+RAW_SOURCE = RAW_DIR / "source.json"  # which source, and which file in RAW_DIR holds it
 PREPARED_DIR = DATA_DIR / "prepared"  # prepare stage: normalised parquet
 TRAIN_QUESTIONS = PREPARED_DIR / "train.parquet"
 TEST_QUESTIONS = PREPARED_DIR / "test.parquet"

@@ -1,0 +1,37 @@
+# Two commands on a fresh machine:  make run  |  make test
+# Both create or refresh .venv first; the stamp makes a second call a no-op
+# unless pyproject.toml or requirements.lock changed.
+VENV  := .venv
+PY    := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: run test test-slow venv bench lock clean-venv
+
+$(STAMP): pyproject.toml requirements.lock
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q -r requirements.lock
+	$(PY) -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+run: $(STAMP)  ## the default pipeline as a Prefect flow over the DVC stages
+	$(PY) -m flows.pipeline
+
+test: $(STAMP)  ## fast tests (CI)
+	$(PY) -m pytest
+
+test-slow: $(STAMP)  ## long checks
+	$(PY) -m pytest -m slow
+
+bench: $(STAMP)
+	$(PY) bench/retrieval.py
+	$(PY) bench/rollout.py
+
+lock:  ## re-pin after changing dependencies in pyproject.toml
+	$(PY) -m pip install -q -e .
+	$(PY) -m pip freeze --exclude-editable > requirements.lock
+
+clean-venv:
+	rm -rf $(VENV)

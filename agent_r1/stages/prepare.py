@@ -1,0 +1,62 @@
+"""prepare stage: normalised train/test questions and the retrieval corpus (parquet)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pandas as pd
+
+from agent_r1 import paths
+from agent_r1.config import Params
+from agent_r1.io import atomic_dir, write_json
+from agent_r1.stages.common import run_stage
+
+log = logging.getLogger(__name__)
+
+
+def load_source(params: Params) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Questions (with ``split`` set) and corpus for the configured source."""
+    data = params.data
+    if data.source == "synthetic":
+        from agent_r1.data.synthetic import generate
+
+        return generate(data.synthetic, data.seed)
+
+    from agent_r1.data.official import read_official, split_questions
+
+    manifest = json.loads(paths.RAW_SOURCE.read_text())
+    if manifest["source"] != data.source:
+        raise ValueError(f"{paths.RAW_SOURCE} holds {manifest['source']!r} but data.source is {data.source!r}")
+    questions, corpus = read_official(data.source, paths.RAW_DIR / manifest["file"])
+    if data.real.max_questions is not None:
+        questions = questions.head(data.real.max_questions)
+    return split_questions(questions, data.real.test_fraction, data.seed), corpus
+
+
+def summary(questions: pd.DataFrame, corpus: pd.DataFrame) -> dict:
+    out: dict = {"corpus_docs": len(corpus)}
+    for split, group in questions.groupby("split", sort=True):
+        out[split] = {
+            "n": len(group),
+            "by_type": {k: int(v) for k, v in group["type"].value_counts().sort_index().items()},
+            "by_source": {k: int(v) for k, v in group["source"].value_counts().sort_index().items()},
+        }
+    return out
+
+
+def prepare(params: Params) -> None:
+    questions, corpus = load_source(params)
+    log.info("%d questions, %d documents", len(questions), len(corpus))
+    with atomic_dir(paths.PREPARED_DIR) as tmp:
+        for split in ("train", "test"):
+            part = questions[questions["split"] == split].reset_index(drop=True)
+            if part.empty:
+                raise ValueError(f"data source {params.data.source!r} produced no {split} questions")
+            part.to_parquet(tmp / f"{split}.parquet", index=False)
+        corpus.to_parquet(tmp / paths.CORPUS.name, index=False)
+    write_json(paths.PREPARE_METRICS, summary(questions, corpus))
+
+
+if __name__ == "__main__":
+    run_stage("prepare", prepare)

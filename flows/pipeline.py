@@ -1,0 +1,47 @@
+"""The whole pipeline as a Prefect flow: each DVC stage a task, in dvc.yaml order.
+
+    python -m flows.pipeline                 # every stage (cached ones are skipped by DVC)
+    python -m flows.pipeline index --force   # one stage, forced
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import yaml
+from prefect import flow
+
+from tasks.dvc_stage import StageRun, publish_metrics, run_dvc_stage
+
+
+def pipeline_stages(repo: str = ".") -> list[str]:
+    """Stage names in the order dvc.yaml lists them (which is topological by construction)."""
+    spec = yaml.safe_load((Path(repo) / "dvc.yaml").read_text())
+    return list(spec.get("stages", {}))
+
+
+@flow(name="agent-r1-pipeline", log_prints=False)
+def pipeline(targets: list[str] | None = None, force: bool = False, repo: str = ".") -> list[StageRun]:
+    stages = targets or pipeline_stages(repo)
+    unknown = sorted(set(stages) - set(pipeline_stages(repo)))
+    if unknown:
+        raise ValueError(f"unknown stage(s) {unknown}; dvc.yaml has {pipeline_stages(repo)}")
+    runs = [run_dvc_stage(stage, repo=repo, force=force) for stage in stages]
+    publish_metrics(repo=repo, runs=runs)
+    for r in runs:
+        print(f"{r.stage:<12} {'ran' if r.ran else 'cached':<7} {r.seconds:8.1f}s")
+    return runs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("targets", nargs="*", help="stage names (default: all)")
+    parser.add_argument("--force", action="store_true", help="re-run even if DVC says up to date")
+    parser.add_argument("--repo", default=".")
+    args = parser.parse_args()
+    pipeline(targets=args.targets or None, force=args.force, repo=args.repo)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""Prefect tasks over DVC: run one stage, publish metrics.
+
+The flow never re-implements caching: ``dvc repro --single-item STAGE`` decides
+whether the stage is up to date, and we only report what it did.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from prefect import task
+from prefect.artifacts import create_table_artifact
+from prefect.logging import get_run_logger
+
+# Phrases `dvc repro` prints for a stage it did not run.
+_CACHED_MARKERS = ("didn't change, skipping", "is cached - skipping", "Restored stage")
+
+
+@dataclass
+class StageRun:
+    stage: str
+    ran: bool
+    seconds: float
+    returncode: int
+
+
+def _env() -> dict[str, str]:
+    """Stage commands say ``python``: make that the interpreter running this flow."""
+    env = dict(os.environ)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def dvc_command() -> list[str]:
+    return [sys.executable, "-m", "dvc"]
+
+
+@task(name="dvc-stage", task_run_name="{stage}")
+def run_dvc_stage(stage: str, repo: str = ".", force: bool = False) -> StageRun:
+    """``dvc repro --single-item STAGE``, streaming its log; report ran vs cached."""
+    logger = get_run_logger()
+    cmd = [*dvc_command(), "repro", "--single-item", stage] + (["--force"] if force else [])
+    logger.info("$ %s", " ".join(cmd[2:]))
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        cmd, cwd=repo, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    )
+    cached = False
+    lines: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        line = line.rstrip("\n")
+        lines.append(line)
+        cached = cached or any(m in line for m in _CACHED_MARKERS)
+        print(line, flush=True)  # the console view (progress bars included) for `make run`
+        if line.strip():
+            logger.info(line.split("\r")[-1])
+    rc = proc.wait()
+    result = StageRun(stage=stage, ran=not cached, seconds=round(time.monotonic() - start, 2), returncode=rc)
+    if rc != 0:
+        tail = "\n".join(lines[-40:])
+        raise RuntimeError(f"stage {stage!r} failed (exit {rc}):\n{tail}")
+    logger.info("stage %s %s in %.1fs", stage, "ran" if result.ran else "was cached", result.seconds)
+    return result
+
+
+def flatten(prefix: str, obj: object, out: dict[str, object]) -> dict[str, object]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``: metrics files become table rows."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
+    else:
+        out[prefix] = obj
+    return out
+
+
+def read_metrics(repo: str = ".") -> list[dict[str, object]]:
+    """Every metrics file DVC tracks in ``repo`` as rows ``{file, metric, value}``."""
+    proc = subprocess.run(
+        [*dvc_command(), "metrics", "show", "--json"], cwd=repo, env=_env(), capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"dvc metrics show failed: {proc.stderr.strip()}")
+    rows: list[dict[str, object]] = []
+    shown = json.loads(proc.stdout or "{}")
+    for rev in shown.values():
+        for path, content in sorted((rev.get("data") or {}).items()):
+            for key, value in flatten("", content.get("data", {}), {}).items():
+                if isinstance(value, (int, float, str, bool)) or value is None:
+                    rows.append({"file": path, "metric": key, "value": value})
+    return rows
+
+
+@task(name="publish-metrics")
+def publish_metrics(repo: str = ".", runs: list[StageRun] | None = None) -> list[dict[str, object]]:
+    """Publish the stage summary and every tracked metric as Prefect table artifacts."""
+    if runs:
+        create_table_artifact(
+            key="stages", table=[asdict(r) for r in runs], description="What this flow run executed"
+        )
+    rows = read_metrics(repo)
+    if rows:
+        create_table_artifact(key="metrics", table=rows, description="Metrics of the DVC pipeline")
+    return rows
