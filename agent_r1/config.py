@@ -156,6 +156,79 @@ class RolloutConfig(_Strict):
     seed: int = 0
 
 
+# ------------------------------------------------------------ algorithm/train
+Estimator = Literal["ppo", "grpo", "reinforce_pp", "reinforce_pp_baseline", "rloo"]
+LossAgg = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+
+
+class AlgorithmConfig(_Strict):
+    """The RL objective. ``ppo`` = GAE with a critic; the others are critic-free."""
+
+    name: Estimator = "grpo"
+    gamma: float = Field(1.0, ge=0.0, le=1.0)
+    lam: float = Field(1.0, ge=0.0, le=1.0)
+    loss_mask: bool = Field(True, description="policy loss on the agent's own tokens only (paper)")
+    advantage_mask: bool = Field(True, description="advantages aligned to the agent's tokens (paper)")
+    process_rewards_in_advantage: bool = Field(True, description="each turn sees the rewards from that turn on")
+    clip_ratio: float = Field(0.2, gt=0.0, lt=1.0)
+    clip_ratio_high: float | None = Field(None, gt=0.0)
+    dual_clip: float | None = Field(None, gt=1.0)
+    value_clip: float = Field(0.2, gt=0.0)
+    kl_coef: float = Field(0.001, ge=0.0, description="KL(actor || reference) penalty in the loss")
+    kl_kind: Literal["k1", "k2", "k3", "abs"] = "k3"
+    entropy_coef: float = Field(0.0, ge=0.0)
+    loss_agg: LossAgg = "token-mean"
+    norm_by_std: bool = Field(True, description="GRPO: divide by the group's std")
+
+
+class TrainConfig(_Strict):
+    steps: int = Field(20, ge=0, description="RL steps (one rollout batch each)")
+    questions_per_step: int = Field(8, ge=1, description="questions per step; x rollout.n trajectories")
+    ppo_epochs: int = Field(1, ge=1)
+    mini_batch_size: int = Field(16, ge=1, description="trajectories per optimizer step")
+    micro_batch_tokens: int = Field(4096, ge=64, description="token budget of one forward/backward")
+    actor_lr: float = Field(5e-6, gt=0.0)
+    critic_lr: float = Field(1e-5, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    grad_clip: float = Field(1.0, gt=0.0)
+    warmup_steps: int = Field(0, ge=0)
+    zero_stage: Literal[2, 3] = 2
+    bf16: bool = True
+    gradient_checkpointing: bool = True
+    num_procs: int = Field(1, ge=1, description="ranks under the deepspeed launcher")
+    save_every: int = Field(5, ge=1, description="checkpoint every N steps")
+    eval_every: int = Field(5, ge=1, description="greedy held-out eval every N steps")
+    eval_questions: int = Field(60, ge=1, description="held-out questions for the in-training eval")
+    seed: int = 0
+
+
+class SFTConfig(_Strict):
+    """Warm start: supervised fine-tuning on scripted expert trajectories.
+
+    Deliberately partial by default (FINDINGS: 300 demos saturate a simple
+    world and leave RL nothing to show).
+    """
+
+    enabled: bool = True
+    n_demos: int = Field(100, ge=1)
+    question_types: list[str] = Field(default_factory=lambda: ["bridge"])
+    lr: float = Field(5e-5, gt=0.0)
+    epochs: int = Field(1, ge=1)
+    batch_size: int = Field(8, ge=1)
+    seed: int = 0
+
+
+# ----------------------------------------------------------------------- eval
+class EvalConfig(_Strict):
+    """Greedy held-out evaluation (baselines, evaluate, report)."""
+
+    questions_per_source: int | None = Field(
+        100, ge=1, description="seeded sample of test questions per source; None = all"
+    )
+    seed: int = 0
+    naive_rag_max_new_tokens: int = Field(48, ge=1)
+
+
 # ---------------------------------------------------------------------- root
 class Params(_Strict):
     data: DataConfig = DataConfig()
@@ -163,6 +236,10 @@ class Params(_Strict):
     retrieval: RetrievalConfig = RetrievalConfig()
     env: EnvConfig = EnvConfig()
     rollout: RolloutConfig = RolloutConfig()
+    eval: EvalConfig = EvalConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    train: TrainConfig = TrainConfig()
+    sft: SFTConfig = SFTConfig()
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "Params":

@@ -8,6 +8,7 @@ the prepare stage, so here we only record that in ``data/raw/manifest.json``.
 from __future__ import annotations
 
 import logging
+import sys
 
 from agent_r1 import paths
 from agent_r1.config import Params
@@ -29,11 +30,15 @@ def download(params: Params) -> None:
         with atomic_dir(paths.RAW_DIR) as tmp:
             write_json(tmp / paths.RAW_SOURCE.name, {"source": "synthetic", "file": None})
         return
-    from agent_r1.data.official import download_official
+    from agent_r1.data.official import DownloadError, download_official
 
     with atomic_dir(paths.RAW_DIR) as tmp:
         log.info("downloading %s (%s split)", source, params.data.real.split)
-        official = download_official(source, params.data.real, tmp)
+        try:
+            official = download_official(source, params.data.real, tmp)
+        except DownloadError as exc:
+            log.error("%s", exc)
+            sys.exit(1)
         write_json(tmp / paths.RAW_SOURCE.name, {"source": source, "file": official.name})
 
 

@@ -28,9 +28,7 @@ def load_source(params: Params) -> tuple[pd.DataFrame, pd.DataFrame]:
     manifest = json.loads(paths.RAW_SOURCE.read_text())
     if manifest["source"] != data.source:
         raise ValueError(f"{paths.RAW_SOURCE} holds {manifest['source']!r} but data.source is {data.source!r}")
-    questions, corpus = read_official(data.source, paths.RAW_DIR / manifest["file"])
-    if data.real.max_questions is not None:
-        questions = questions.head(data.real.max_questions)
+    questions, corpus = read_official(data.source, paths.RAW_DIR / manifest["file"], data.real.max_questions)
     return split_questions(questions, data.real.test_fraction, data.seed), corpus
 
 

@@ -1,0 +1,1 @@
+"""Evaluation: EM/F1 of a policy or baseline on the test split, tables and plots."""

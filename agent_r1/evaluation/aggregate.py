@@ -1,0 +1,45 @@
+"""Per-episode results -> the metrics JSON every method writes.
+
+Shape (external checks read it; keep it): ``{"em", "f1", "n", "by_source":
+{source: {"em", "f1", "n"}}, "by_type": {...}, "answer_rate", "mean_turns",
+"mean_tool_calls", "invalid_call_rate", ...}``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+
+def _mean(xs: list[float]) -> float:
+    return round(sum(xs) / len(xs), 4) if xs else 0.0
+
+
+def _group(rows: list[Mapping[str, Any]]) -> dict[str, float | int]:
+    return {
+        "em": _mean([float(r["em"]) for r in rows]),
+        "f1": _mean([float(r["f1"]) for r in rows]),
+        "n": len(rows),
+    }
+
+
+def aggregate(episodes: Iterable[Mapping[str, Any]], method: str) -> dict[str, Any]:
+    """Summarise episodes (dicts with em, f1, source, type, and optionally
+    answered, turns, tool_calls, invalid_calls) into the metrics JSON."""
+    rows = list(episodes)
+    if not rows:
+        raise ValueError(f"no episodes to aggregate for {method!r}")
+    out: dict[str, Any] = {"method": method, **_group(rows)}
+    for key in ("source", "type"):
+        groups: dict[str, list] = defaultdict(list)
+        for r in rows:
+            groups[str(r[key])].append(r)
+        out[f"by_{key}"] = {k: _group(v) for k, v in sorted(groups.items())}
+    out["answer_rate"] = _mean([float(bool(r.get("answered", True))) for r in rows])
+    out["mean_turns"] = _mean([float(r.get("turns", 1)) for r in rows])
+    calls = [float(r.get("tool_calls", 0)) for r in rows]
+    invalid = [float(r.get("invalid_calls", 0)) for r in rows]
+    out["mean_tool_calls"] = _mean(calls)
+    out["invalid_call_rate"] = round(sum(invalid) / sum(calls), 4) if sum(calls) else 0.0
+    return out

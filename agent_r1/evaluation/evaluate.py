@@ -1,0 +1,116 @@
+"""Greedy evaluation on the test split: a policy in the ToolEnv, and Naive RAG.
+
+*Base Tool Call* is :func:`evaluate_policy` on the untrained model; any
+checkpoint (a transformers folder) is evaluated the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from tqdm import tqdm
+
+from agent_r1.config import Params
+from agent_r1.env.rewards import exact_match, f1_score
+from agent_r1.evaluation.aggregate import aggregate
+from agent_r1.retrieval.base import SearchIndex
+
+log = logging.getLogger(__name__)
+
+NAIVE_RAG_SYSTEM = (
+    "Answer the question using the documents. Reply with only the answer, "
+    "inside <answer> and </answer>, for example <answer>Paris</answer>."
+)
+_ANSWER = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.S)
+
+
+def select_questions(test: pd.DataFrame, per_source: int | None, seed: int) -> list[dict[str, Any]]:
+    """At most ``per_source`` questions of each source, a seeded sample: every
+    method is scored on exactly the same questions."""
+    parts = []
+    for _, group in test.groupby("source", sort=True):
+        n = len(group) if per_source is None else min(per_source, len(group))
+        parts.append(group.sample(n=n, random_state=seed).sort_values("id"))
+    return pd.concat(parts).to_dict("records") if parts else []
+
+
+def _chunks(items: list, size: int):
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def evaluate_policy(
+    model_path: Path, index: SearchIndex, records: list[dict[str, Any]], params: Params, method: str
+) -> dict[str, Any]:
+    """Greedy multi-turn episodes of the policy at ``model_path`` in the ToolEnv."""
+    from agent_r1.env import SearchTool, ToolEnv
+    from agent_r1.rollout import TransformersEngine, run_episodes
+
+    engine = TransformersEngine(model_path, dtype=params.rollout.dtype)
+    env = ToolEnv([SearchTool(index, params.retrieval.top_k)], params.env)
+    infos: list[dict[str, Any]] = []
+    chunk = max(1, params.rollout.batch_size)
+    for batch in tqdm(list(_chunks(records, chunk)), desc=f"evaluate {method}", unit="batch"):
+        traj = run_episodes(engine, env, engine.tokenizer, batch, params.rollout, greedy=True)
+        infos.extend(traj.info)
+    return aggregate(infos, method)
+
+
+def naive_rag_prompt(question: str, hits: list, doc_chars: int) -> list[dict[str, str]]:
+    docs = "\n".join(f"Doc {i} ({h.title}): {h.text[:doc_chars]}" for i, h in enumerate(hits, 1))
+    return [
+        {"role": "system", "content": NAIVE_RAG_SYSTEM},
+        {"role": "user", "content": f"Documents:\n{docs}\n\nQuestion: {question}"},
+    ]
+
+
+def extract_answer(text: str) -> str:
+    """The ``<answer>`` content if the model used the tags, else its first non-empty line."""
+    m = _ANSWER.search(text)
+    if m:
+        return m.group(1).strip()
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
+def evaluate_naive_rag(
+    model_path: Path, index: SearchIndex, records: list[dict[str, Any]], params: Params, max_new_tokens: int = 48
+) -> dict[str, Any]:
+    """Retrieve top-k with the whole question, answer in one turn (no tool use)."""
+    from agent_r1.rollout import TransformersEngine
+
+    engine = TransformersEngine(model_path, dtype=params.rollout.dtype)
+    tok = engine.tokenizer
+    rows: list[dict[str, Any]] = []
+    chunk = max(1, params.rollout.batch_size)
+    for batch in tqdm(list(_chunks(records, chunk)), desc="evaluate naive_rag", unit="batch"):
+        hits = index.search([r["question"] for r in batch], params.retrieval.top_k)
+        prompts = [
+            tok.apply_chat_template(
+                naive_rag_prompt(r["question"], h, params.env.doc_chars), add_generation_prompt=True, tokenize=True
+            )
+            for r, h in zip(batch, hits)
+        ]
+        prompts = [list(p["input_ids"]) if isinstance(p, dict) or hasattr(p, "keys") else list(p) for p in prompts]
+        outs = engine.generate(prompts, max_new_tokens, temperature=0.0, stop_strings=["</answer>"])
+        for r, out in zip(batch, outs):
+            answer = extract_answer(tok.decode(out.token_ids, skip_special_tokens=True))
+            golds = list(r["answers"])
+            rows.append(
+                {
+                    "id": r["id"],
+                    "source": r["source"],
+                    "type": r["type"],
+                    "answer": answer,
+                    "em": exact_match(answer, golds),
+                    "f1": f1_score(answer, golds),
+                    "answered": bool(answer),
+                    "turns": 1,
+                    "tool_calls": 0,
+                    "invalid_calls": 0,
+                }
+            )
+    return aggregate(rows, "naive_rag")

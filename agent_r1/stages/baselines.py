@@ -1,0 +1,36 @@
+"""baselines stage: Naive RAG and Base Tool Call (the untrained policy in the ToolEnv)."""
+
+from __future__ import annotations
+
+import logging
+
+from agent_r1 import paths
+from agent_r1.config import Params
+from agent_r1.io import write_json
+from agent_r1.stages.common import run_stage
+
+log = logging.getLogger(__name__)
+
+
+def baselines(params: Params) -> None:
+    import pandas as pd
+
+    from agent_r1.evaluation.evaluate import evaluate_naive_rag, evaluate_policy, select_questions
+    from agent_r1.retrieval import load_index
+
+    records = select_questions(
+        pd.read_parquet(paths.TEST_QUESTIONS), params.eval.questions_per_source, params.eval.seed
+    )
+    index = load_index(paths.INDEX_DIR / params.retrieval.index)
+    log.info("Naive RAG on %d test questions", len(records))
+    rag = evaluate_naive_rag(paths.POLICY_DIR, index, records, params, params.eval.naive_rag_max_new_tokens)
+    write_json(paths.EVAL_METRICS_DIR / "naive_rag.json", rag)
+    log.info("Naive RAG EM %.4f F1 %.4f", rag["em"], rag["f1"])
+    log.info("Base Tool Call on %d test questions", len(records))
+    base = evaluate_policy(paths.POLICY_DIR, index, records, params, "base_tool_call")
+    write_json(paths.EVAL_METRICS_DIR / "base_tool_call.json", base)
+    log.info("Base Tool Call EM %.4f F1 %.4f answer rate %.3f", base["em"], base["f1"], base["answer_rate"])
+
+
+if __name__ == "__main__":
+    run_stage("baselines", baselines)

@@ -1,0 +1,66 @@
+"""Metrics aggregation and the Table-3-shaped report (pure functions, hand-checked numbers)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agent_r1.evaluation.aggregate import aggregate
+from agent_r1.evaluation.report import write_report
+
+
+def ep(source: str, em: float, f1: float, **kw) -> dict:
+    return {"source": source, "type": kw.pop("type", "bridge"), "em": em, "f1": f1, **kw}
+
+
+def test_aggregate_shape_and_numbers() -> None:
+    rows = [
+        ep("synthetic", 1, 1, answered=True, turns=3, tool_calls=2, invalid_calls=0),
+        ep("synthetic", 0, 0.5, answered=True, turns=2, tool_calls=1, invalid_calls=1),
+        ep("synthetic_3hop", 0, 0, answered=False, turns=4, tool_calls=4, invalid_calls=1, type="compositional"),
+    ]
+    m = aggregate(rows, "x")
+    assert m["n"] == 3 and m["em"] == pytest.approx(1 / 3, abs=1e-4) and m["f1"] == pytest.approx(0.5)
+    assert m["by_source"] == {
+        "synthetic": {"em": 0.5, "f1": 0.75, "n": 2},
+        "synthetic_3hop": {"em": 0.0, "f1": 0.0, "n": 1},
+    }
+    assert m["by_type"]["compositional"]["n"] == 1
+    assert m["answer_rate"] == pytest.approx(2 / 3, abs=1e-4)
+    assert m["mean_turns"] == 3.0 and m["mean_tool_calls"] == pytest.approx(7 / 3, abs=1e-4)
+    assert m["invalid_call_rate"] == pytest.approx(2 / 7, abs=1e-4)
+    json.dumps(m)  # serialisable as is
+
+
+def test_aggregate_rejects_empty() -> None:
+    with pytest.raises(ValueError, match="no episodes"):
+        aggregate([], "x")
+
+
+def test_report_table_and_chart(tmp_path: Path) -> None:
+    eval_dir = tmp_path / "eval"
+    eval_dir.mkdir()
+    results = {
+        "base_tool_call": [ep("synthetic", 0, 0), ep("synthetic_3hop", 0, 0)],
+        "naive_rag": [ep("synthetic", 1, 1), ep("synthetic_3hop", 0, 0)],
+        "grpo": [ep("synthetic", 1, 1), ep("synthetic_3hop", 1, 1)],
+    }
+    for method, rows in results.items():
+        (eval_dir / f"{method}.json").write_text(json.dumps(aggregate(rows, method)))
+    md, png = tmp_path / "r" / "results.md", tmp_path / "r" / "results.png"
+    text = write_report(eval_dir, ["synthetic"], md, png)
+    lines = [line for line in text.splitlines() if line.startswith("| ")]
+    assert lines[0] == "| Method | synthetic | synthetic_3hop | In-domain avg | Out-of-domain avg | Avg |"
+    # baselines first, in the paper's order, then the trained methods
+    assert [line.split(" | ")[0] for line in lines[1:4]] == ["| Naive RAG", "| Base Tool Call", "| grpo"]
+    assert "| Naive RAG | 1.0000 | 0.0000 | 1.0000 | 0.0000 | 0.5000 |" in text
+    assert md.read_text().startswith("# Results")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_without_metrics_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "eval").mkdir()
+    with pytest.raises(FileNotFoundError, match="no metrics"):
+        write_report(tmp_path / "eval", [], tmp_path / "r.md", tmp_path / "r.png")
