@@ -1,0 +1,42 @@
+"""The agent's environment: tools, action formats, rewards and ToolEnv (Agent-R1's Tool / ToolEnv split)."""
+
+from agent_r1.env.env import TERMINATIONS, Episode, StepResult, ToolEnv, render_result
+from agent_r1.env.formats import (
+    MAX_CALLS_PER_TURN,
+    ActionFormat,
+    ParsedAction,
+    TagFormat,
+    ToolCall,
+    ToolCallFormat,
+    get_format,
+)
+from agent_r1.env.rewards import (
+    exact_match,
+    f1_score,
+    finalize_process_rewards,
+    normalize_answer,
+    outcome_reward,
+)
+from agent_r1.env.tools import SearchTool, Tool
+
+__all__ = [
+    "MAX_CALLS_PER_TURN",
+    "TERMINATIONS",
+    "ActionFormat",
+    "Episode",
+    "ParsedAction",
+    "SearchTool",
+    "StepResult",
+    "TagFormat",
+    "Tool",
+    "ToolCall",
+    "ToolCallFormat",
+    "ToolEnv",
+    "exact_match",
+    "f1_score",
+    "finalize_process_rewards",
+    "get_format",
+    "normalize_answer",
+    "outcome_reward",
+    "render_result",
+]

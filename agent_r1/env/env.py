@@ -1,0 +1,339 @@
+"""ToolEnv: the RL environment around the tools (Agent-R1's ToolEnv).
+
+It parses each policy turn (through the configured :mod:`format
+<agent_r1.env.formats>`), dispatches the tool calls of a whole rollout step
+together (one ``batch_execute`` per tool, e.g. one index search for all
+episodes), turns raw results into observations, decides termination and
+computes the process and outcome rewards (:mod:`agent_r1.env.rewards`).
+
+Per turn, for each episode:
+
+* malformed turn (``ParsedAction.error``): error observation, one invalid call;
+* answer: the episode ends (``"answer"``);
+* tool calls: each is validated (unknown tool, bad arguments -> invalid), the
+  valid ones run; a tool that raises or outlives ``tool_timeout_s`` gives an
+  error result (invalid) instead of an exception or a hang; the observation
+  holds one rendered result per call, in order;
+* no action (plain text): the episode ends (``"no_action"``): the policy gave
+  up, and another turn would just repeat it.
+
+The turn that reaches ``max_turns`` ends the episode (``"max_turns"``); its
+calls are validated and scored but not run, since no one could read the
+result. ``tool_calls`` counts every attempted call, a malformed turn as one;
+``invalid_calls`` the subset that failed.
+
+Tools run in daemon threads, one per tool per step, so a hung tool costs at
+most ``tool_timeout_s`` and cannot block interpreter exit; its late result is
+dropped. If a batch raises, its calls are retried one by one, so one poisoned
+call fails alone instead of failing every episode of the step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent_r1.config import EnvConfig
+from agent_r1.env.formats import ActionFormat, ParsedAction, ToolCall, get_format
+from agent_r1.env.rewards import (
+    exact_match,
+    f1_score,
+    finalize_process_rewards,
+    outcome_reward,
+    turn_process_reward,
+)
+from agent_r1.env.tools import Tool
+from agent_r1.retrieval.base import Hit
+
+log = logging.getLogger(__name__)
+
+TERMINATIONS: tuple[str, ...] = ("answer", "max_turns", "max_length", "no_action")
+_ERROR_CHARS = 200  # longest exception text shown to the model
+
+
+@dataclass
+class Episode:
+    """One trajectory's environment state."""
+
+    record: dict  # normalised question record (id, question, answers, supporting_titles, ...)
+    messages: list[dict]  # chat history: system, user, then assistant / observation messages
+    turn: int = 0  # assistant turns taken
+    done: bool = False
+    answer: str | None = None
+    tool_calls: int = 0
+    invalid_calls: int = 0
+    seen_doc_ids: set[str] = field(default_factory=set)
+    support_titles_found: set[str] = field(default_factory=set)
+    turn_rewards: list[float] = field(default_factory=list)  # raw process reward per assistant turn
+    termination: str | None = None  # one of TERMINATIONS
+    outcome_reward: float | None = None
+    final_turn_rewards: list[float] | None = None  # after finalize_process_rewards
+    metrics: dict = field(default_factory=dict)
+
+
+@dataclass
+class StepResult:
+    observation: str | None  # content of the observation message (None when the episode ended)
+    observation_role: str  # chat role of that message
+    done: bool
+
+
+@dataclass
+class _Outcome:
+    """What running (or checking) one call gave: a raw result, or an error for the model."""
+
+    ok: bool
+    value: Any = None  # the raw result when ok and run
+    error: str | None = None
+    ran: bool = False
+
+
+# ------------------------------------------------------------ rendering
+def truncate(text: str, n_chars: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n_chars else text[:n_chars].rstrip() + "..."
+
+
+def render_hits(hits: list[Hit], doc_chars: int) -> str:
+    if not hits:
+        return "No results."
+    return "\n".join(f"Doc {i} ({h.title}): {truncate(h.text, doc_chars)}" for i, h in enumerate(hits, 1))
+
+
+def render_result(result: Any, doc_chars: int) -> str:
+    """A tool's raw result as observation text: hits as numbered docs, strings as-is, the rest as JSON."""
+    if isinstance(result, list) and all(isinstance(h, Hit) for h in result):
+        return render_hits(result, doc_chars)
+    if isinstance(result, str):
+        return result
+    try:
+        return json.dumps(result, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return str(result)
+
+
+def record_list(record: dict, key: str) -> list[str]:
+    """A list column of a record as ``list[str]`` (parquet rows give numpy arrays)."""
+    value = record.get(key)
+    return [] if value is None else [str(v) for v in value]
+
+
+# ------------------------------------------------------------- running
+def run_with_timeout(fns: list[Callable[[], Any]], timeout_s: float) -> list[_Outcome]:
+    """Run each function in its own daemon thread; whatever has not returned by the deadline times out."""
+    boxes: list[dict[str, Any]] = [{} for _ in fns]
+
+    def target(fn: Callable[[], Any], box: dict[str, Any]) -> None:
+        try:
+            box["value"] = fn()
+        except Exception as exc:
+            box["error"] = f"{type(exc).__name__}: {exc}"[:_ERROR_CHARS]
+
+    threads = [threading.Thread(target=target, args=(fn, box), daemon=True) for fn, box in zip(fns, boxes)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout_s
+    outcomes = []
+    for t, box in zip(threads, boxes):
+        t.join(max(0.0, deadline - time.monotonic()))
+        if t.is_alive():
+            outcomes.append(_Outcome(ok=False, error=f"timed out after {timeout_s:g} s"))
+        elif "error" in box:
+            outcomes.append(_Outcome(ok=False, error=f"failed: {box['error']}"))
+        else:
+            outcomes.append(_Outcome(ok=True, value=box.get("value"), ran=True))
+    return outcomes
+
+
+class ToolEnv:
+    """The environment: ``reset`` a question, ``step_batch`` the policy's turns, ``finish`` an episode."""
+
+    def __init__(self, tools: list[Tool], cfg: EnvConfig):
+        names = [t.name for t in tools]
+        if not tools:
+            raise ValueError("ToolEnv needs at least one tool")
+        if len(set(names)) != len(names):
+            raise ValueError(f"tool names must be unique, got {names}")
+        self.tools: dict[str, Tool] = {t.name: t for t in tools}
+        self.cfg = cfg
+        self.format: ActionFormat = get_format(cfg.format, tools)
+        self.system_prompt: str = self.format.system_prompt(tools, cfg.one_shot)
+        self.example_messages: list[dict] = self.format.example_messages(tools) if cfg.one_shot else []
+
+    # ---------------------------------------------------------- episode
+    def reset(self, record: dict) -> Episode:
+        """A fresh episode: system prompt, the one-shot example turns (if ``one_shot``), the question."""
+        question = record.get("question")
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError(f"record {record.get('id')!r} has no question text (got {question!r})")
+        if not record_list(record, "answers"):
+            raise ValueError(f"record {record.get('id')!r} has no answers")
+        messages = [
+            {"role": "system", "content": self.system_prompt},
+            *(dict(m) for m in self.example_messages),
+            {"role": "user", "content": self.format.user_prompt(question)},
+        ]
+        return Episode(record=record, messages=messages)
+
+    def tool_specs(self) -> list[dict] | None:
+        """Function specs for ``apply_chat_template(tools=...)`` in the tool_call format, else None."""
+        if not self.format.uses_template_tools:
+            return None
+        return [t.spec() for t in self.tools.values()]
+
+    def step_batch(self, episodes: list[Episode], actions: list[str]) -> list[StepResult]:
+        """Apply one turn's text to each episode; all tool calls of the batch run together."""
+        if len(episodes) != len(actions):
+            raise ValueError(f"step_batch got {len(episodes)} episodes but {len(actions)} actions")
+        for ep in episodes:
+            if ep.done:
+                raise ValueError(
+                    f"episode of record {ep.record.get('id')!r} already ended ({ep.termination}); "
+                    "only active episodes may be stepped"
+                )
+        parsed = [self.format.parse(text) for text in actions]
+        for ep, text in zip(episodes, actions):
+            ep.messages.append({"role": "assistant", "content": text})
+            ep.turn += 1
+        outcomes = self._dispatch(episodes, parsed)
+        return [self._transition(ep, p, o) for ep, p, o in zip(episodes, parsed, outcomes)]
+
+    def finish(self, episode: Episode, reason: str) -> None:
+        """End the episode: termination, outcome reward, finalised process rewards, metrics."""
+        if reason not in TERMINATIONS:
+            raise ValueError(f"unknown termination {reason!r}; expected one of {list(TERMINATIONS)}")
+        if episode.termination is not None:
+            raise ValueError(
+                f"episode of record {episode.record.get('id')!r} already finished ({episode.termination})"
+            )
+        episode.done = True
+        episode.termination = reason
+        answered = reason == "answer" and episode.answer is not None
+        golds = record_list(episode.record, "answers")
+        episode.outcome_reward = outcome_reward(episode.answer, golds, answered, self.cfg.reward)
+        episode.final_turn_rewards = finalize_process_rewards(episode.turn_rewards, answered, self.cfg.reward.process)
+        answer = episode.answer or ""
+        episode.metrics = {
+            "em": exact_match(answer, golds) if answered else 0.0,
+            "f1": f1_score(answer, golds) if answered else 0.0,
+            "answered": answered,
+            "format_valid": answered,
+            "answer": episode.answer,
+            "tool_calls": episode.tool_calls,
+            "invalid_calls": episode.invalid_calls,
+            "turns": episode.turn,
+            "support_docs_found": len(episode.support_titles_found),
+            "support_docs_total": len(set(record_list(episode.record, "supporting_titles"))),
+            "termination": reason,
+            "outcome_reward": episode.outcome_reward,
+            "process_reward": float(sum(episode.final_turn_rewards)),
+        }
+
+    # --------------------------------------------------------- internals
+    def _check_call(self, call: ToolCall) -> str | None:
+        tool = self.tools.get(call.name)
+        if tool is None:
+            return f"unknown tool {call.name!r}; available: {sorted(self.tools)}"
+        try:
+            return tool.validate(call.arguments)
+        except Exception as exc:  # a custom tool's validate must not kill the rollout either
+            return f"could not validate the call of {call.name!r} ({type(exc).__name__}: {exc})"[:_ERROR_CHARS]
+
+    def _dispatch(self, episodes: list[Episode], parsed: list[ParsedAction]) -> list[list[_Outcome]]:
+        """Validate every call, run the valid ones batched per tool, and return one outcome per call."""
+        outcomes: list[list[_Outcome]] = [[] for _ in parsed]
+        pending: dict[str, list[tuple[int, int, dict]]] = {}
+        for i, (ep, p) in enumerate(zip(episodes, parsed)):
+            if p.error is not None:
+                continue
+            last_turn = ep.turn >= self.cfg.max_turns
+            for k, call in enumerate(p.calls):
+                problem = self._check_call(call)
+                outcomes[i].append(_Outcome(ok=problem is None, error=problem))
+                if problem is None and not last_turn:
+                    pending.setdefault(call.name, []).append((i, k, call.arguments))
+        names = list(pending)
+        batch = run_with_timeout(
+            [_bound(self.tools[n].batch_execute, [a for _, _, a in pending[n]]) for n in names],
+            self.cfg.tool_timeout_s,
+        )
+        for name, result in zip(names, batch):
+            for (i, k, _), outcome in zip(pending[name], self._per_call(name, pending[name], result)):
+                if not outcome.ok:
+                    outcome.error = f"tool {name!r} {outcome.error}"
+                outcomes[i][k] = outcome
+        return outcomes
+
+    def _per_call(self, name: str, calls: list[tuple[int, int, dict]], result: _Outcome) -> list[_Outcome]:
+        """Split one tool's batch result into per-call outcomes (retrying singly if the batch raised)."""
+        n = len(calls)
+        if result.ok:
+            values = result.value
+            if isinstance(values, list) and len(values) == n:
+                return [_Outcome(ok=True, value=v, ran=True) for v in values]
+            got = len(values) if isinstance(values, list) else type(values).__name__
+            result = _Outcome(ok=False, error=f"failed: batch_execute returned {got} results for {n} calls")
+        elif n > 1 and not result.error.startswith("timed out"):
+            log.warning("tool %r batch of %d calls %s; retrying one by one", name, n, result.error)
+            return run_with_timeout(
+                [_bound(self.tools[name].execute, a) for _, _, a in calls], self.cfg.tool_timeout_s
+            )
+        log.warning("tool %r %s (%d calls)", name, result.error, n)
+        return [_Outcome(ok=False, error=result.error) for _ in calls]
+
+    def _transition(self, ep: Episode, parsed: ParsedAction, outcomes: list[_Outcome]) -> StepResult:
+        """Book-keeping, process reward, observation and termination of one episode's turn."""
+        role = self.format.observation_role
+        observation: str | None = None
+        reason: str | None = None
+        valid = invalid = new_support = 0
+        if parsed.error is not None:
+            invalid = 1
+            observation = self.format.format_error(parsed.error)
+        elif parsed.answer is not None:
+            ep.answer = parsed.answer
+            reason = "answer"
+        elif parsed.calls:
+            texts = []
+            supporting = set(record_list(ep.record, "supporting_titles"))
+            for outcome in outcomes:
+                if not outcome.ok:
+                    invalid += 1
+                    texts.append(f"Error: {outcome.error}")
+                    continue
+                valid += 1
+                if outcome.ran:
+                    new_support += self._note_hits(ep, outcome.value, supporting)
+                    texts.append(render_result(outcome.value, self.cfg.doc_chars))
+            observation = self.format.format_observation(texts)
+        else:
+            reason = "no_action"
+        ep.tool_calls += valid + invalid
+        ep.invalid_calls += invalid
+        ep.turn_rewards.append(turn_process_reward(valid, new_support, invalid, self.cfg.reward.process))
+        if reason is None and ep.turn >= self.cfg.max_turns:
+            reason = "max_turns"
+        if reason is not None:
+            self.finish(ep, reason)
+            return StepResult(observation=None, observation_role=role, done=True)
+        ep.messages.append({"role": role, "content": observation})
+        return StepResult(observation=observation, observation_role=role, done=False)
+
+    @staticmethod
+    def _note_hits(ep: Episode, result: Any, supporting: set[str]) -> int:
+        """Record the docs a search surfaced; return how many supporting titles are new to the episode."""
+        if not (isinstance(result, list) and all(isinstance(h, Hit) for h in result)):
+            return 0
+        ep.seen_doc_ids.update(h.doc_id for h in result)
+        new = {h.title for h in result if h.title in supporting} - ep.support_titles_found
+        ep.support_titles_found |= new
+        return len(new)
+
+
+def _bound(fn: Callable[[Any], Any], arg: Any) -> Callable[[], Any]:
+    return lambda: fn(arg)

@@ -1,0 +1,115 @@
+"""Answer scoring (SQuAD EM/F1), the outcome reward and the process rewards.
+
+Exact formulas (``s`` = answer score: EM or F1 per ``answer_metric``, max over
+the gold aliases, 0 when there is no answer; ``f`` = ``format_score``;
+``valid`` = the episode ended with a well-formed ``<answer>`` turn):
+
+* ``paper`` (default):            ``s``            if valid, else ``f - 1``
+* ``answer_only``:                ``s``
+* ``answer_plus_format``:         ``s + f``        if valid, else ``s`` (= 0)
+
+``paper`` is Agent-R1's released QA reward (``compute_score_format_answer``:
+``-1 + format + answer`` when the format reward is full, else ``-1 + format``),
+with its partial format credit reduced to the constant ``f`` because our env
+judges validity per episode, not per turn. A valid but wrong answer gets 0,
+never less; an episode that never answers gets ``f - 1`` (-0.9 by default),
+so answering always beats not answering. Malformed intermediate turns do not
+void the outcome here; they cost ``invalid_call`` each as process reward.
+
+Process reward of one turn (raw, before :func:`finalize_process_rewards`)::
+
+    valid_call * (well-formed calls that ran) + new_support_doc * (supporting
+    titles surfaced for the first time in the episode) + invalid_call *
+    (malformed turns + calls that failed validation, raised or timed out)
+
+and :func:`finalize_process_rewards` then (1) if ``only_if_answered`` and the
+episode did not answer, sets every positive turn reward to 0 (negative ones
+stay: a never-answering episode can only lose by its malformed calls); (2) if
+the positive turn rewards sum to more than ``cap``, scales them all by
+``cap / sum`` (scaling, not clipping, so late turns keep their share of the
+credit). FINDINGS.md: without (1) and (2) the policy learned to search every
+turn and never answer.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+
+from agent_r1.config import ProcessRewardConfig, RewardConfig
+
+_PUNCTUATION = set(string.punctuation)
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+
+def normalize_answer(s: str) -> str:
+    """SQuAD normalisation: lowercase, drop punctuation and the articles a/an/the, squeeze whitespace."""
+    s = "".join(ch for ch in s.lower() if ch not in _PUNCTUATION)
+    return " ".join(_ARTICLES.sub(" ", s).split())
+
+
+def exact_match(pred: str, golds: list[str]) -> float:
+    """1.0 if the normalised prediction equals any normalised gold alias, else 0.0."""
+    p = normalize_answer(pred)
+    return float(any(p == normalize_answer(g) for g in golds))
+
+
+def _f1(pred_tokens: list[str], gold_tokens: list[str]) -> float:
+    if not pred_tokens or not gold_tokens:  # SQuAD: an empty side scores only against another empty side
+        return float(pred_tokens == gold_tokens)
+    same = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(pred_tokens), same / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def f1_score(pred: str, golds: list[str]) -> float:
+    """SQuAD token F1 of the prediction, max over gold aliases (0.0 with no golds)."""
+    p = normalize_answer(pred).split()
+    return max((_f1(p, normalize_answer(g).split()) for g in golds), default=0.0)
+
+
+def answer_score(answer: str | None, golds: list[str], metric: str) -> float:
+    """EM or F1 of the answer; 0.0 when there is none."""
+    if answer is None:
+        return 0.0
+    if metric == "em":
+        return exact_match(answer, golds)
+    if metric == "f1":
+        return f1_score(answer, golds)
+    raise ValueError(f"unknown answer metric {metric!r}; expected 'em' or 'f1'")
+
+
+def outcome_reward(answer: str | None, golds: list[str], format_valid: bool, cfg: RewardConfig) -> float:
+    """The episode's outcome reward under ``cfg.scheme`` (formulas in the module docstring)."""
+    s = answer_score(answer, golds, cfg.answer_metric)
+    if cfg.scheme == "paper":
+        return s if format_valid else cfg.format_score - 1.0
+    if cfg.scheme == "answer_only":
+        return s
+    if cfg.scheme == "answer_plus_format":
+        return s + (cfg.format_score if format_valid else 0.0)
+    raise ValueError(f"unknown reward scheme {cfg.scheme!r}")
+
+
+def turn_process_reward(valid_calls: int, new_support_docs: int, invalid_calls: int, cfg: ProcessRewardConfig) -> float:
+    """The raw process reward of one turn (before the episode-level :func:`finalize_process_rewards`)."""
+    if not cfg.enabled:
+        return 0.0
+    return valid_calls * cfg.valid_call + new_support_docs * cfg.new_support_doc + invalid_calls * cfg.invalid_call
+
+
+def finalize_process_rewards(turn_rewards: list[float], answered: bool, cfg: ProcessRewardConfig) -> list[float]:
+    """Apply ``only_if_answered`` then ``cap`` (by scaling) to the per-turn process rewards of one episode."""
+    if not cfg.enabled:
+        return [0.0] * len(turn_rewards)
+    out = [float(r) for r in turn_rewards]
+    if cfg.only_if_answered and not answered:
+        out = [min(r, 0.0) for r in out]
+    positive = sum(r for r in out if r > 0)
+    if positive > cfg.cap:
+        scale = cfg.cap / positive
+        out = [r * scale if r > 0 else r for r in out]
+    return out
