@@ -9,6 +9,8 @@ groups as each stage's ``params`` so DVC re-runs exactly what a change touches.
 
 from __future__ import annotations
 
+import copy
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -215,7 +217,15 @@ class SFTConfig(_Strict):
     lr: float = Field(5e-5, gt=0.0)
     epochs: int = Field(1, ge=1)
     batch_size: int = Field(8, ge=1)
+    one_shot: bool = Field(False, description="demos without the one-shot example: shorter prompts for RL")
     seed: int = 0
+
+
+class ExperimentConfig(_Strict):
+    """One named training run: where it starts, and what it changes from the shared params."""
+
+    init: Literal["sft", "base"] = Field("sft", description="start from the warm start or the base model")
+    overrides: dict[str, Any] = Field(default_factory=dict, description="nested params groups to override")
 
 
 # ----------------------------------------------------------------------- eval
@@ -240,14 +250,55 @@ class Params(_Strict):
     algorithm: AlgorithmConfig = AlgorithmConfig()
     train: TrainConfig = TrainConfig()
     sft: SFTConfig = SFTConfig()
+    experiments: dict[str, ExperimentConfig] = Field(
+        default_factory=lambda: {"grpo": ExperimentConfig(overrides={"env": {"one_shot": False}})}
+    )
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "Params":
+        for name, exp in self.experiments.items():
+            if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", name):
+                raise ValueError(f"experiments.{name}: names must be lowercase letters, digits, '_' or '-'")
+            if "experiments" in exp.overrides:
+                raise ValueError(f"experiments.{name}.overrides: may not contain 'experiments'")
+            merged = experiment_params(self, name)
+            if exp.init == "sft" and merged.env.one_shot != self.sft.one_shot:
+                raise ValueError(
+                    f"experiments.{name}: starts from the warm start, which was trained with env.one_shot="
+                    f"{self.sft.one_shot}; set experiments.{name}.overrides.env.one_shot to match"
+                )
         if self.data.source == "synthetic" and self.data.real.url is not None:
             raise ValueError("data.real.url is set but data.source is 'synthetic'")
         if self.rollout.max_new_tokens >= self.rollout.max_total_tokens:
             raise ValueError("rollout.max_new_tokens must be smaller than rollout.max_total_tokens")
         return self
+
+
+def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def experiment_params(params: "Params", name: str) -> "Params":
+    """The shared params with experiment ``name``'s overrides applied, validated.
+
+    Errors name the override's full key: ``experiments.ppo.overrides.algorithm.name``.
+    """
+    if name not in params.experiments:
+        raise KeyError(f"unknown experiment {name!r}; params.yaml has {sorted(params.experiments)}")
+    base = params.model_dump(exclude={"experiments"})
+    merged = _deep_merge(base, params.experiments[name].overrides)
+    merged["experiments"] = {}
+    try:
+        return Params.model_validate(merged)
+    except ValidationError as exc:
+        prefix = f"experiments.{name}.overrides."
+        raise ValueError("; ".join(prefix + _describe(e) for e in exc.errors())) from None
 
 
 class ParamsError(ValueError):
@@ -273,6 +324,8 @@ def _describe(err: dict[str, Any]) -> str:
     if kind == "literal_error":
         return f"{key}: must be one of {ctx.get('expected')}, got {got!r}"
     msg = err["msg"].removeprefix("Value error, ")
+    if kind == "value_error" and not err["loc"]:
+        return msg  # cross-field checks name their keys themselves
     return f"{key}: {msg}, got {got!r}" if "input" in err and kind != "value_error" else f"{key}: {msg}"
 
 

@@ -9,24 +9,31 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-import yaml
+import subprocess
+
 from prefect import flow
 
-from tasks.dvc_stage import StageRun, publish_metrics, run_dvc_stage
+from tasks.dvc_stage import StageRun, dvc_command, publish_metrics, run_dvc_stage
 
 
 def pipeline_stages(repo: str = ".") -> list[str]:
-    """Stage names in the order dvc.yaml lists them (which is topological by construction)."""
-    spec = yaml.safe_load((Path(repo) / "dvc.yaml").read_text())
-    return list(spec.get("stages", {}))
+    """Stage names (foreach stages expanded, e.g. ``train@grpo``) in dvc.yaml order,
+    which is topological by construction."""
+    proc = subprocess.run(
+        [*dvc_command(), "stage", "list", "--name-only", "--fail"], cwd=repo, capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"dvc stage list failed in {Path(repo).resolve()}: {proc.stderr.strip()}")
+    return proc.stdout.split()
 
 
 @flow(name="agent-r1-pipeline", log_prints=False)
 def pipeline(targets: list[str] | None = None, force: bool = False, repo: str = ".") -> list[StageRun]:
-    stages = targets or pipeline_stages(repo)
-    unknown = sorted(set(stages) - set(pipeline_stages(repo)))
+    known = pipeline_stages(repo)
+    stages = targets or known
+    unknown = sorted(set(stages) - set(known))
     if unknown:
-        raise ValueError(f"unknown stage(s) {unknown}; dvc.yaml has {pipeline_stages(repo)}")
+        raise ValueError(f"unknown stage(s) {unknown}; dvc.yaml has {known}")
     runs = [run_dvc_stage(stage, repo=repo, force=force) for stage in stages]
     publish_metrics(repo=repo, runs=runs)
     for r in runs:

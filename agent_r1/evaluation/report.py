@@ -76,7 +76,54 @@ def bar_chart(results: dict[str, dict[str, Any]], in_domain: list[str], out_png:
     plt.close(fig)
 
 
-def write_report(eval_dir: Path, in_domain: list[str], out_md: Path, out_png: Path) -> str:
+CURVES = (
+    ("train/reward", "training reward (mean per trajectory)"),
+    ("train/answer_rate", "answer rate (training rollouts)"),
+    ("eval/em", "held-out EM (greedy)"),
+)
+
+
+def read_curve(tsv: Path) -> tuple[list[int], list[float]]:
+    """A dvclive metric file (``timestamp, step, <name>``) as (steps, values)."""
+    steps, values = [], []
+    lines = tsv.read_text().splitlines()
+    for line in lines[1:]:
+        cols = line.split("\t")
+        steps.append(int(cols[1]))
+        values.append(float(cols[2]))
+    return steps, values
+
+
+def training_curves(live_dir: Path, out_png: Path) -> list[str]:
+    """One panel per metric of CURVES, one line per experiment (dvclive/<experiment>/)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    experiments = sorted(p for p in live_dir.glob("*") if (p / "plots" / "metrics").is_dir()) if live_dir.is_dir() else []
+    fig, axes = plt.subplots(1, len(CURVES), figsize=(5 * len(CURVES), 3.6))
+    for ax, (metric, title) in zip(axes, CURVES):
+        for exp in experiments:
+            tsv = exp / "plots" / "metrics" / f"{metric}.tsv"
+            if tsv.exists():
+                steps, values = read_curve(tsv)
+                ax.plot([s + 1 for s in steps], values, marker="o", markersize=3, label=exp.name)
+        ax.set_title(title)
+        ax.set_xlabel("RL step")
+        ax.grid(alpha=0.3)
+    if experiments:
+        axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    with atomic_path(out_png) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+    return [e.name for e in experiments]
+
+
+def write_report(
+    eval_dir: Path, in_domain: list[str], out_md: Path, out_png: Path, extra_sections: tuple[str, ...] = ()
+) -> str:
     results = load_results(eval_dir)
     if not results:
         raise FileNotFoundError(f"no metrics in {eval_dir}: run the baselines/evaluate stages first")
@@ -101,6 +148,7 @@ def write_report(eval_dir: Path, in_domain: list[str], out_md: Path, out_png: Pa
             markdown_table(f1_header, f1_rows),
             "## Behaviour",
             "\n".join(detail),
+            *extra_sections,
         ]
     )
     bar_chart(results, in_domain, out_png)

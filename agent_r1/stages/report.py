@@ -14,12 +14,20 @@ log = logging.getLogger(__name__)
 def report(params: Params) -> None:
     import pandas as pd
 
-    from agent_r1.evaluation.report import write_report
+    from agent_r1.evaluation.report import training_curves, write_report
 
     # In-domain = the sources the policy trains on; every other test source is out-of-domain.
     in_domain = sorted(pd.read_parquet(paths.TRAIN_QUESTIONS, columns=["source"])["source"].unique())
-    text = write_report(paths.EVAL_METRICS_DIR, in_domain, paths.RESULTS_MD, paths.RESULTS_PNG)
-    print(text)
+    curves = training_curves(paths.LIVE_DIR, paths.TRAINING_PNG)
+    extra = ()
+    if curves:
+        extra = (
+            "## Training curves",
+            f"![training curves]({paths.TRAINING_PNG.name})",
+            f"Experiments: {', '.join(curves)}. Per-step values live in `dvclive/<experiment>/`; "
+            "compare runs with `dvc plots diff`.",
+        )
+    print(write_report(paths.EVAL_METRICS_DIR, in_domain, paths.RESULTS_MD, paths.RESULTS_PNG, extra))
 
 
 if __name__ == "__main__":

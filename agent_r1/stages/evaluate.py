@@ -1,0 +1,39 @@
+"""evaluate stage: greedy held-out EM/F1 of a trained policy (or of the warm start).
+
+    python -m agent_r1.stages.evaluate --experiment grpo   # models/trained/grpo
+    python -m agent_r1.stages.evaluate --experiment sft    # the warm start itself
+"""
+
+from __future__ import annotations
+
+import logging
+
+from agent_r1 import paths
+from agent_r1.config import Params, experiment_params
+from agent_r1.io import write_json
+from agent_r1.stages.common import run_stage
+
+log = logging.getLogger(__name__)
+
+SFT = "sft"  # the warm start's own row in the results table
+
+
+def evaluate(params: Params, experiment: str) -> None:
+    import pandas as pd
+
+    from agent_r1.evaluation.evaluate import evaluate_policy, select_questions
+    from agent_r1.retrieval import load_index
+
+    if experiment == SFT:
+        p = params.model_copy(update={"env": params.env.model_copy(update={"one_shot": params.sft.one_shot})})
+        model = paths.SFT_MODEL
+    else:
+        p, model = experiment_params(params, experiment), paths.TRAINED_DIR / experiment
+    records = select_questions(pd.read_parquet(paths.TEST_QUESTIONS), p.eval.questions_per_source, p.eval.seed)
+    result = evaluate_policy(model, load_index(paths.INDEX_DIR / p.retrieval.index), records, p, experiment)
+    write_json(paths.EVAL_METRICS_DIR / f"{experiment}.json", result)
+    log.info("%s: EM %.4f F1 %.4f answer rate %.3f", experiment, result["em"], result["f1"], result["answer_rate"])
+
+
+if __name__ == "__main__":
+    run_stage("evaluate", evaluate, experiment_arg=True, extra_experiments=(SFT,))

@@ -1,0 +1,66 @@
+"""train@<experiment> stage: RL on DeepSpeed from the warm start (or the base model).
+
+With ``train.num_procs > 1`` the stage re-launches itself under the
+``deepspeed`` launcher, one rank per process; rollouts are split over ranks
+with whole groups kept together.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from agent_r1 import paths
+from agent_r1.config import Params, experiment_params
+from agent_r1.io import write_json
+from agent_r1.stages.common import run_stage
+
+log = logging.getLogger(__name__)
+
+
+def relaunch_under_deepspeed(num_procs: int, experiment: str) -> None:
+    from agent_r1.training.distributed import free_port
+
+    launcher = Path(sys.executable).parent / "deepspeed"
+    cmd = [
+        str(launcher), "--num_accelerators", str(num_procs), "--master_port", str(free_port()),
+        str(Path(__file__).resolve()), "--experiment", experiment,
+    ]
+    log.info("launching %d ranks: %s", num_procs, " ".join(cmd))
+    sys.exit(subprocess.call(cmd))
+
+
+def train(params: Params, experiment: str) -> None:
+    import pandas as pd
+
+    exp = params.experiments[experiment]
+    p = experiment_params(params, experiment)
+    if p.train.num_procs > 1 and "LOCAL_RANK" not in os.environ:
+        relaunch_under_deepspeed(p.train.num_procs, experiment)
+
+    from agent_r1.evaluation.evaluate import select_questions
+    from agent_r1.training.distributed import is_rank0
+    from agent_r1.training.trainer import train_rl
+
+    init = paths.SFT_MODEL if exp.init == "sft" else paths.POLICY_DIR
+    test = pd.read_parquet(paths.TEST_QUESTIONS)
+    per_source = max(1, p.train.eval_questions // max(test["source"].nunique(), 1))
+    summary = train_rl(
+        p,
+        init_model=init,
+        index_path=paths.INDEX_DIR / p.retrieval.index,
+        train_questions=pd.read_parquet(paths.TRAIN_QUESTIONS).to_dict("records"),
+        eval_questions=select_questions(test, per_source, p.eval.seed),
+        out_model=paths.TRAINED_DIR / experiment,
+        checkpoint_dir=paths.CHECKPOINT_DIR / experiment,
+        live_dir=paths.LIVE_DIR / experiment,
+    )
+    if is_rank0():
+        write_json(paths.TRAIN_METRICS_DIR / f"{experiment}.json", {"experiment": experiment, "init": exp.init, **summary})
+
+
+if __name__ == "__main__":
+    run_stage("train", train, experiment_arg=True)

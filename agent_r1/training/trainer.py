@@ -1,0 +1,347 @@
+"""The RL loop: rollout -> old/ref logprobs and values -> advantages -> masked
+PPO-style updates of the actor (and critic) on DeepSpeed -> weight sync.
+
+One step, per rank (whole GRPO/RLOO groups stay on one rank):
+
+1. ``run_episodes`` plays ``questions_per_step / world`` questions x ``rollout.n``
+   samples with the rollout engine (the actor's current weights);
+2. the reference policy's logprobs (when ``kl_coef > 0``) and the critic's
+   values (PPO) over the trajectories, micro-batched by a token budget;
+   the old-policy logprobs too, unless the update is exactly on-policy (one
+   epoch, one mini-batch), where they equal the current ones detached;
+3. advantages by the configured estimator, aligned to the agent's tokens
+   (``algorithm.advantage_mask``) with process rewards as return-to-go;
+4. ``ppo_epochs`` passes over mini-batches of ``mini_batch_size`` trajectories:
+   per micro-batch the masked policy loss (+ KL, - entropy) is backpropagated,
+   pre-scaled so that the mini-batch's update is exactly its token mean, then
+   one optimizer step; the critic likewise with the clipped value loss;
+5. the rollout engine gets the new weights in memory.
+
+Metrics go to dvclive every step; a greedy held-out evaluation every
+``eval_every`` steps; DeepSpeed checkpoints every ``save_every`` steps, from
+which a killed run resumes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agent_r1.algorithms import compute_advantages, kl, loss_mask, policy_loss, value_loss
+from agent_r1.algorithms.losses import aggregate
+from agent_r1.config import Params
+from agent_r1.rollout.trajectory import TrajectoryBatch
+from agent_r1.training.checkpoint import export_hf, full_state_dict, load_latest, save_checkpoint
+from agent_r1.training.distributed import barrier, init_distributed, is_rank0
+from agent_r1.training.engines import make_engine, make_reference, unwrap
+from agent_r1.training.logprobs import batched_token_logprobs, batched_values, micro_batches, select_rows
+from agent_r1.training.models import ValueModel, load_policy
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Engines:
+    actor: Any
+    reference: Any | None
+    critic: Any | None
+
+    def checkpointed(self) -> dict[str, Any]:
+        return {k: v for k, v in (("actor", self.actor), ("critic", self.critic)) if v is not None}
+
+
+# ------------------------------------------------------------------ helpers
+def step_questions(questions: list[dict], n: int, step: int, seed: int) -> list[dict]:
+    """The step's questions: a seeded sample, the same on every rank and on resume."""
+    rng = random.Random(seed * 1_000_003 + step)
+    return rng.sample(questions, min(n, len(questions)))
+
+
+def shard(records: list[dict], rank: int, world: int) -> list[dict]:
+    """Whole questions (so whole groups) per rank."""
+    return records[rank::world]
+
+
+def sync_rollout_weights(actor: Any, rollout_engine: Any, world: int) -> None:
+    """Actor weights -> the rollout engine, in memory (gathered from ZeRO-3 shards when needed)."""
+    if actor.zero_optimization_partition_weights():
+        state = full_state_dict(actor)  # collective; rank 0 gets the full weights
+        if world > 1:
+            import torch.distributed as dist
+
+            box = [state]
+            dist.broadcast_object_list(box, src=0)
+            state = box[0]
+    else:  # ZeRO-1/2: every rank holds the full (bf16) weights
+        state = {k: v.detach() for k, v in unwrap(actor).state_dict().items()}
+    rollout_engine.update_weights(state)
+
+
+def token_tensors(batch: TrajectoryBatch, **extra: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask, **extra}
+
+
+def masked_token_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    m = mask.bool()
+    return float(x[m].float().mean()) if m.any() else 0.0
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    m = mask.bool()
+    if m.sum() < 2:
+        return float("nan")
+    v, r = values[m].float(), returns[m].float()
+    return float(1 - (r - v).var() / (r.var() + 1e-8))
+
+
+def rollout_metrics(batch: TrajectoryBatch) -> dict[str, float]:
+    info = batch.info
+    n = max(len(info), 1)
+    calls = sum(i["tool_calls"] for i in info)
+    return {
+        "reward": float(batch.token_rewards.sum(-1).mean()),
+        "outcome_reward": sum(i["outcome_reward"] for i in info) / n,
+        "process_reward": sum(i["process_reward"] for i in info) / n,
+        "em": sum(i["em"] for i in info) / n,
+        "f1": sum(i["f1"] for i in info) / n,
+        "answer_rate": sum(bool(i["answered"]) for i in info) / n,
+        "turns": sum(i["turns"] for i in info) / n,
+        "tool_calls": calls / n,
+        "invalid_call_rate": sum(i["invalid_calls"] for i in info) / calls if calls else 0.0,
+        "response_length": float(batch.action_mask.sum(-1).float().mean()),
+        "tokens": float(batch.attention_mask.sum()),
+    }
+
+
+def all_reduce_mean(metrics: dict[str, float], world: int) -> dict[str, float]:
+    if world == 1:
+        return metrics
+    import torch.distributed as dist
+
+    keys = sorted(metrics)
+    t = torch.tensor([metrics[k] for k in keys], dtype=torch.float64)
+    dist.all_reduce(t)
+    return {k: float(v) / world for k, v in zip(keys, t.tolist())}
+
+
+# ------------------------------------------------------------------ updates
+def update_actor(
+    params: Params, engines: Engines, batch: TrajectoryBatch, advantages: torch.Tensor,
+    old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None, mask: torch.Tensor,
+) -> dict[str, float]:
+    """PPO epochs over mini-batches; micro-batches by token budget; one optimizer step per mini-batch."""
+    alg, cfg = params.algorithm, params.train
+    B = len(batch)
+    order = list(range(B))
+    rng = random.Random(cfg.seed)
+    sums: dict[str, float] = {}
+    count = 0
+    for _ in range(cfg.ppo_epochs):
+        rng.shuffle(order)
+        for start in range(0, B, cfg.mini_batch_size):
+            mb_rows = order[start : start + cfg.mini_batch_size]
+            denom = float(mask[mb_rows].sum().clamp(min=1))
+            lengths = batch.attention_mask[mb_rows].sum(-1).tolist()
+            for local in micro_batches(lengths, cfg.micro_batch_tokens):
+                rows = [mb_rows[i] for i in local]
+                t = select_rows(
+                    token_tensors(batch, adv=advantages, mask=mask,
+                                  old=old_logprobs if old_logprobs is not None else advantages,
+                                  ref=ref_logprobs if ref_logprobs is not None else advantages),
+                    rows,
+                )
+                want_entropy = alg.entropy_coef > 0
+                lp, ent = engines.actor(t["input_ids"], t["attention_mask"], 1.0, want_entropy)
+                old = t["old"] if old_logprobs is not None else lp.detach()
+                pg, m = policy_loss(
+                    lp, old, t["adv"], t["mask"], clip_ratio=alg.clip_ratio, clip_ratio_high=alg.clip_ratio_high,
+                    dual_clip=alg.dual_clip, agg=alg.loss_agg, denominator=denom if alg.loss_agg == "token-mean" else None,
+                )
+                loss = pg
+                share = float(t["mask"].sum()) / denom
+                if ref_logprobs is not None:
+                    kl_mat = kl(lp, t["ref"], alg.kl_kind)
+                    kl_term = aggregate(kl_mat, t["mask"], "token-mean", denominator=denom)
+                    loss = loss + alg.kl_coef * kl_term
+                    m["kl"] = float(kl_term) / max(share, 1e-8)
+                if want_entropy:
+                    ent_term = aggregate(ent, t["mask"], "token-mean", denominator=denom)
+                    loss = loss - alg.entropy_coef * ent_term
+                    m["entropy"] = float(ent_term) / max(share, 1e-8)
+                if alg.loss_agg != "token-mean":  # seq-level aggregations: weight micro-batches by rows
+                    loss = loss * (len(rows) / len(mb_rows))
+                engines.actor.backward(loss)
+                m["pg_loss"] = float(pg) / max(share, 1e-8) if alg.loss_agg == "token-mean" else float(pg)
+                for k, v in m.items():
+                    sums[k] = sums.get(k, 0.0) + float(v) * share
+            engines.actor.step()
+            grad_norm = engines.actor.get_global_grad_norm()
+            if grad_norm is not None:
+                sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(grad_norm)
+            count += 1
+    return {k: v / max(count, 1) for k, v in sums.items()}
+
+
+def update_critic(
+    params: Params, critic: Any, batch: TrajectoryBatch, returns: torch.Tensor, old_values: torch.Tensor,
+    mask: torch.Tensor,
+) -> dict[str, float]:
+    cfg = params.train
+    B = len(batch)
+    order = list(range(B))
+    rng = random.Random(cfg.seed + 1)
+    sums: dict[str, float] = {}
+    count = 0
+    for _ in range(cfg.ppo_epochs):
+        rng.shuffle(order)
+        for start in range(0, B, cfg.mini_batch_size):
+            mb_rows = order[start : start + cfg.mini_batch_size]
+            denom = float(mask[mb_rows].sum().clamp(min=1))
+            lengths = batch.attention_mask[mb_rows].sum(-1).tolist()
+            for local in micro_batches(lengths, cfg.micro_batch_tokens):
+                rows = [mb_rows[i] for i in local]
+                t = select_rows(token_tensors(batch, ret=returns, old=old_values, mask=mask), rows)
+                values = critic(t["input_ids"], t["attention_mask"])
+                vl, m = value_loss(values, t["old"], t["ret"], t["mask"], params.algorithm.value_clip, denominator=denom)
+                critic.backward(vl)
+                share = float(t["mask"].sum()) / denom
+                m["value_loss"] = float(vl) / max(share, 1e-8)
+                for k, v in m.items():
+                    sums[k] = sums.get(k, 0.0) + float(v) * share
+            critic.step()
+            count += 1
+    return {k: v / max(count, 1) for k, v in sums.items()}
+
+
+# ------------------------------------------------------------------ the loop
+def build_engines(params: Params, init_model: Path) -> Engines:
+    cfg, alg = params.train, params.algorithm
+    actor = make_engine(load_policy(init_model, "float32", cfg.gradient_checkpointing), cfg, cfg.actor_lr)
+    reference = make_reference(load_policy(init_model, "float32", False), cfg) if alg.kl_coef > 0 else None
+    critic = None
+    if alg.name == "ppo":
+        critic = make_engine(ValueModel.from_pretrained(init_model, "float32", cfg.gradient_checkpointing), cfg, cfg.critic_lr)
+    return Engines(actor, reference, critic)
+
+
+def rl_step(
+    params: Params, engines: Engines, batch: TrajectoryBatch
+) -> dict[str, float]:
+    """Everything after the rollout: logprobs, advantages, updates. Returns metrics."""
+    alg, cfg = params.algorithm, params.train
+    budget = cfg.micro_batch_tokens
+    ids, am = batch.input_ids, batch.attention_mask
+    n_minibatches = math.ceil(len(batch) / cfg.mini_batch_size)
+    on_policy = cfg.ppo_epochs == 1 and n_minibatches == 1
+    metrics: dict[str, float] = {}
+
+    t0 = time.monotonic()
+    old_lp = None if on_policy else batched_token_logprobs(engines.actor, ids, am, budget)
+    ref_lp = batched_token_logprobs(engines.reference, ids, am, budget) if engines.reference is not None else None
+    values = batched_values(engines.critic, ids, am, budget) if engines.critic is not None else None
+    metrics["time/logprobs_s"] = time.monotonic() - t0
+
+    response = batch.response_mask()
+    extra = {"norm_by_std": alg.norm_by_std} if alg.name == "grpo" else {}
+    advantages, returns = compute_advantages(
+        alg.name, token_rewards=batch.token_rewards, action_mask=batch.action_mask, group_id=batch.group_id,
+        values=values, gamma=alg.gamma, lam=alg.lam, align=alg.advantage_mask, response_mask=response,
+        process_rewards=alg.process_rewards_in_advantage, **extra,
+    )
+    mask = loss_mask(batch.action_mask, am, batch.prompt_length, alg.loss_mask).float()
+    metrics["advantage_abs"] = masked_token_mean(advantages.abs(), mask)
+
+    t0 = time.monotonic()
+    metrics.update(update_actor(params, engines, batch, advantages, old_lp, ref_lp, mask))
+    if engines.critic is not None:
+        metrics.update(update_critic(params, engines.critic, batch, returns, values, mask))
+        metrics["explained_variance"] = explained_variance(values, returns, mask)
+    metrics["time/update_s"] = time.monotonic() - t0
+    return metrics
+
+
+def train_rl(
+    params: Params,
+    *,
+    init_model: Path,
+    index_path: Path,
+    train_questions: list[dict],
+    eval_questions: list[dict],
+    out_model: Path,
+    checkpoint_dir: Path,
+    live_dir: Path,
+) -> dict[str, Any]:
+    """Run ``params.train.steps`` RL steps from ``init_model``; export the policy to ``out_model``."""
+    from dvclive import Live
+
+    from agent_r1.env import SearchTool, ToolEnv
+    from agent_r1.evaluation.aggregate import aggregate as aggregate_episodes
+    from agent_r1.retrieval import load_index
+    from agent_r1.rollout import TransformersEngine, run_episodes
+
+    rank, world = init_distributed()
+    cfg = params.train
+    torch.manual_seed(cfg.seed + rank)
+    if cfg.questions_per_step % world:
+        raise ValueError(f"train.questions_per_step ({cfg.questions_per_step}) must be divisible by train.num_procs ({world})")
+
+    engines = build_engines(params, init_model)
+    rollout_engine = TransformersEngine(init_model, dtype=params.rollout.dtype)
+    tokenizer = rollout_engine.tokenizer
+    env = ToolEnv([SearchTool(load_index(index_path), params.retrieval.top_k)], params.env)
+
+    start_step = 0
+    resumed = load_latest(engines.checkpointed(), checkpoint_dir)
+    if resumed is not None:
+        start_step = resumed[0]
+        sync_rollout_weights(engines.actor, rollout_engine, world)
+        log.info("resuming at step %d", start_step)
+
+    live = Live(str(live_dir), resume=start_step > 0, save_dvc_exp=False, dvcyaml=None) if is_rank0() else None
+    history: list[dict[str, float]] = []
+    for step in range(start_step, cfg.steps):
+        t_step = time.monotonic()
+        records = shard(step_questions(train_questions, cfg.questions_per_step, step, cfg.seed), rank, world)
+        rollout_cfg = params.rollout.model_copy(update={"seed": params.rollout.seed + 7919 * step + rank})
+        t0 = time.monotonic()
+        batch = run_episodes(rollout_engine, env, tokenizer, records, rollout_cfg)
+        metrics = rollout_metrics(batch)
+        metrics["time/rollout_s"] = time.monotonic() - t0
+        metrics.update(rl_step(params, engines, batch))
+        sync_rollout_weights(engines.actor, rollout_engine, world)
+        metrics["time/step_s"] = time.monotonic() - t_step
+        metrics["tokens_per_s"] = metrics["tokens"] / max(metrics["time/step_s"], 1e-9)
+        metrics = all_reduce_mean(metrics, world)
+
+        if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
+            if is_rank0():
+                traj = run_episodes(rollout_engine, env, tokenizer, eval_questions, params.rollout, greedy=True)
+                ev = aggregate_episodes(traj.info, "eval")
+                metrics.update({"eval/em": ev["em"], "eval/f1": ev["f1"], "eval/answer_rate": ev["answer_rate"],
+                                "eval/tool_calls": ev["mean_tool_calls"]})
+            barrier()
+        if live is not None:
+            for k, v in metrics.items():
+                live.log_metric(f"train/{k}" if "/" not in k else k, v)
+            live.next_step()
+        history.append(metrics)
+        log.info(
+            "step %d/%d reward %.3f em %.3f answer %.2f calls %.2f | rollout %.0fs update %.0fs%s",
+            step + 1, cfg.steps, metrics["reward"], metrics["em"], metrics["answer_rate"], metrics["tool_calls"],
+            metrics["time/rollout_s"], metrics["time/update_s"],
+            f" | eval em {metrics['eval/em']:.3f}" if "eval/em" in metrics else "",
+        )
+        if (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
+            save_checkpoint(engines.checkpointed(), checkpoint_dir, step + 1)
+
+    export_hf(engines.actor, tokenizer, out_model)
+    if live is not None:
+        live.end()
+    return {"steps": cfg.steps, "last": history[-1] if history else {}}
