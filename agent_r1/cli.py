@@ -34,10 +34,16 @@ def _data_convert(args: argparse.Namespace) -> int:
 
 
 def _search(args: argparse.Namespace) -> int:
-    from agent_r1.retrieval import load_index
+    from agent_r1.retrieval import IndexFormatError, load_index
+    from agent_r1.retrieval.client import RetrievalServerError
 
-    index = load_index(args.index)
-    for query, hits in zip(args.query, index.search(list(args.query), args.top_k)):
+    try:
+        index = load_index(args.index)
+        results = index.search(list(args.query), args.top_k)
+    except (IndexFormatError, RetrievalServerError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for query, hits in zip(args.query, results):
         if args.json:
             print(json.dumps({"query": query, "hits": [h.to_dict() for h in hits]}))
             continue

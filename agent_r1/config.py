@@ -103,7 +103,7 @@ class ServerConfig(_Strict):
 
 class RetrievalConfig(_Strict):
     index: Literal["bm25", "dense"] = Field("bm25", description="the index the agent's search tool uses")
-    top_k: int = Field(3, ge=1, le=100, description="documents returned per search")
+    top_k: int = Field(3, ge=1, le=100, description="k of the retrieval metrics (recall@k) and of `agent-r1 search`")
     bm25: BM25Config = BM25Config()
     encoder: EncoderConfig = EncoderConfig()
     server: ServerConfig = ServerConfig()
@@ -139,6 +139,7 @@ class RewardConfig(_Strict):
 class EnvConfig(_Strict):
     format: Literal["tags", "tool_call"] = "tags"
     max_turns: int = Field(4, ge=1, le=32, description="assistant turns per episode")
+    top_k: int = Field(3, ge=1, le=100, description="documents each search returns to the agent (and Naive RAG)")
     one_shot: bool = Field(True, description="put a one-shot example conversation in the system prompt")
     doc_chars: int = Field(300, ge=20, description="characters of each hit's text shown to the agent")
     tool_timeout_s: float = Field(10.0, gt=0.0)

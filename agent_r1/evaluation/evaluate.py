@@ -51,7 +51,7 @@ def evaluate_policy(
     from agent_r1.rollout import TransformersEngine, run_episodes
 
     engine = TransformersEngine(model_path, dtype=params.rollout.dtype)
-    env = ToolEnv([SearchTool(index, params.retrieval.top_k)], params.env)
+    env = ToolEnv([SearchTool(index, params.env.top_k)], params.env)
     infos: list[dict[str, Any]] = []
     chunk = max(1, params.rollout.batch_size)
     for batch in tqdm(list(_chunks(records, chunk)), desc=f"evaluate {method}", unit="batch"):
@@ -87,7 +87,7 @@ def evaluate_naive_rag(
     rows: list[dict[str, Any]] = []
     chunk = max(1, params.rollout.batch_size)
     for batch in tqdm(list(_chunks(records, chunk)), desc="evaluate naive_rag", unit="batch"):
-        hits = index.search([r["question"] for r in batch], params.retrieval.top_k)
+        hits = index.search([r["question"] for r in batch], params.env.top_k)
         prompts = [
             tok.apply_chat_template(
                 naive_rag_prompt(r["question"], h, params.env.doc_chars), add_generation_prompt=True, tokenize=True

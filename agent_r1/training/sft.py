@@ -69,7 +69,7 @@ def train_sft(
     cfg = params.sft
     torch.manual_seed(cfg.seed)
     tokenizer = AutoTokenizer.from_pretrained(init_model)
-    env = ToolEnv([SearchTool(load_index(index_path), params.retrieval.top_k)], params.env)
+    env = ToolEnv([SearchTool(load_index(index_path), params.env.top_k)], params.env)
     demos = expert_demonstrations(params, tokenizer, env, select_demo_questions(train_questions, params))
     rows = keep_grounded(demos)
     log.info("%d of %d expert demonstrations are grounded; training on them", len(rows), len(demos))

@@ -295,7 +295,7 @@ def train_rl(
     engines = build_engines(params, init_model)
     rollout_engine = TransformersEngine(init_model, dtype=params.rollout.dtype)
     tokenizer = rollout_engine.tokenizer
-    env = ToolEnv([SearchTool(load_index(index_path), params.retrieval.top_k)], params.env)
+    env = ToolEnv([SearchTool(load_index(index_path), params.env.top_k)], params.env)
 
     start_step = 0
     resumed = load_latest(engines.checkpointed(), checkpoint_dir)
