@@ -59,7 +59,6 @@ def run_dvc_stage(stage: str, repo: str = ".", force: bool = False) -> StageRun:
         line = line.rstrip("\n")
         lines.append(line)
         cached = cached or any(m in line for m in _CACHED_MARKERS)
-        print(line, flush=True)  # the console view (progress bars included) for `make run`
         if line.strip():
             logger.info(line.split("\r")[-1])
     rc = proc.wait()
