@@ -22,7 +22,10 @@ from agent_r1.rollout.engine import GenerationEngine, GenerationOutput
 
 def expert_plan(record: dict[str, Any], fmt_name: str) -> list[str]:
     """The gold actions of a record: search each sub-query, then answer."""
-    queries = [str(q) for q in record.get("sub_queries") or []] or [str(t) for t in record["supporting_titles"]]
+    # parquet gives numpy arrays: test emptiness by length, not truthiness
+    sub_queries = record.get("sub_queries")
+    hops = sub_queries if sub_queries is not None and len(sub_queries) else record["supporting_titles"]
+    queries = [str(q) for q in hops]
     answer = str(list(record["answers"])[0])
     if fmt_name == "tool_call":
         calls = [

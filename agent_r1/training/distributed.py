@@ -1,0 +1,89 @@
+"""Process-group setup that works the same on a laptop CPU and under the
+``deepspeed`` launcher on GPUs.
+
+DeepSpeed picks its accelerator the first time it is imported, so
+``DS_ACCELERATOR=cpu`` must be in the environment *before* ``import deepspeed``.
+This module therefore never imports deepspeed at module level, and sets the
+variable on import (it is imported by :mod:`agent_r1.training` before anything
+that touches deepspeed). A plain ``python script.py`` gets a one-rank world
+on a free local port; the launcher's ``RANK``/``WORLD_SIZE``/... are respected.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def select_accelerator() -> str:
+    """Set ``DS_ACCELERATOR=cpu`` when there is no CUDA device; return the accelerator name.
+
+    An explicit ``DS_ACCELERATOR`` from the user wins. Called on import of this
+    module so that any later ``import deepspeed`` sees it.
+    """
+    if "DS_ACCELERATOR" not in os.environ and not torch.cuda.is_available():
+        os.environ["DS_ACCELERATOR"] = "cpu"
+    return os.environ.get("DS_ACCELERATOR", "cuda")
+
+
+select_accelerator()
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago (for a one-rank rendezvous)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def on_cpu() -> bool:
+    return select_accelerator() == "cpu"
+
+
+def init_distributed() -> tuple[int, int]:
+    """Join (or create) the process group; return ``(rank, world_size)``.
+
+    Idempotent. Without a launcher it fills in a one-rank world (MASTER_ADDR
+    127.0.0.1 on a free port, RANK=0, WORLD_SIZE=1, LOCAL_RANK=0). The backend is
+    gloo on CPU, nccl on CUDA.
+    """
+    import deepspeed  # after select_accelerator(): see the module docstring
+    import deepspeed.comm as dist
+
+    if "RANK" not in os.environ:
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_SIZE="1")
+    if not dist.is_initialized():
+        backend = "gloo" if on_cpu() else "nccl"
+        deepspeed.init_distributed(dist_backend=backend, verbose=False)
+        if not on_cpu():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    log.debug("distributed ready: rank %d of %d (%s)", rank, world, select_accelerator())
+    return rank, world
+
+
+def is_rank0() -> bool:
+    import deepspeed.comm as dist
+
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def barrier() -> None:
+    import deepspeed.comm as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def device() -> torch.device:
+    """The device this rank computes on (``cpu``, or ``cuda:LOCAL_RANK``)."""
+    if on_cpu():
+        return torch.device("cpu")
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))

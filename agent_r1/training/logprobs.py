@@ -1,0 +1,245 @@
+"""Token log-probabilities and values, micro-batched by a token budget.
+
+FINDINGS.md: one update over 32 trajectories with full-vocabulary float32
+logits (49,152 classes) was killed at 24 GB. So logits are never materialised
+for the whole batch: the backbone runs once, and the LM head + float32
+log-softmax run over chunks of at most ``chunk_tokens`` positions. With
+gradients on, each chunk is wrapped in activation checkpointing, so only the
+hidden states are kept for the backward and each chunk's logits are rebuilt
+there one at a time. Padding positions are skipped entirely.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from agent_r1.training.distributed import select_accelerator
+
+select_accelerator()
+import deepspeed  # noqa: E402
+
+
+def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
+    """Group row indices so that ``max length in group × group size <= token_budget``.
+
+    Rows are sorted by length (longest first, ties by index) so that rows of
+    similar length share a micro-batch and little padding is computed; a row
+    longer than the budget gets a micro-batch of its own. Deterministic.
+    """
+    if token_budget < 1:
+        raise ValueError(f"token_budget must be >= 1, got {token_budget}")
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    groups: list[list[int]] = []
+    for i in order:
+        # rows arrive longest first, so a group's max length is its first row's
+        if groups and lengths[groups[-1][0]] * (len(groups[-1]) + 1) <= token_budget:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def partitioned(model: nn.Module) -> bool:
+    """True when the model's weights are ZeRO-3 shards (every forward is then a collective)."""
+    return any(hasattr(p, "ds_id") for p in unwrap_engine(model).parameters())
+
+
+def max_over_ranks(n: int) -> int:
+    """The largest ``n`` over all ranks (``n`` itself without a process group)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return n
+    if torch.distributed.get_world_size() == 1:
+        return n
+    on_gpu = torch.distributed.get_backend() == "nccl"  # nccl reduces only device tensors
+    t = torch.tensor([n], dtype=torch.long, device=torch.cuda.current_device() if on_gpu else "cpu")
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return int(t.item())
+
+
+def equalize_micro_batches(groups: list[list[int]]) -> list[list[int]]:
+    """Pad this rank's micro-batch list with empty groups to the largest count over ranks.
+
+    Why: with several ranks, ZeRO-2 reduces gradients in every ``backward`` and
+    ZeRO-3 gathers weights in every forward; these are collectives, so every
+    rank must run the same number of forward/backward passes per optimizer
+    step, or the job deadlocks. Run an empty group as a placeholder: any real
+    row (e.g. ``select_rows(batch, rows or [0])``) with its loss multiplied by
+    0, which adds exactly nothing to the gradient. Collective: all ranks call it.
+    """
+    return groups + [[] for _ in range(max_over_ranks(len(groups)) - len(groups))]
+
+
+def select_rows(tensors: dict[str, torch.Tensor], rows: list[int], mask_key: str = "attention_mask") -> dict[str, torch.Tensor]:
+    """Rows ``rows`` of every ``[B, ...]`` tensor; those shaped ``[B, T, ...]`` (T = the
+    mask's width) are cut to the longest selected row, to skip computing on padding.
+
+    Assumes right padding (``tensors[mask_key]`` is 1 then 0 in each row).
+    """
+    index = torch.as_tensor(rows, dtype=torch.long, device=tensors[mask_key].device)
+    width = int(tensors[mask_key].index_select(0, index).sum(-1).max())
+    full_width = tensors[mask_key].shape[1]
+    out = {}
+    for key, value in tensors.items():
+        value = value.index_select(0, index.to(value.device))
+        out[key] = value[:, :width] if value.ndim >= 2 and value.shape[1] == full_width else value
+    return out
+
+
+def _chunk_logprobs(
+    head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p(target) and entropy for ``[N, H]`` hidden states, in float32."""
+    logits = head(hidden).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    lse = torch.logsumexp(logits, dim=-1)
+    logprob = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    if with_entropy:
+        logp = logits - lse.unsqueeze(-1)  # not lse - E[logits]: that cancels badly when peaked
+        entropy = -(logp.exp() * logp).sum(-1)
+    else:
+        entropy = torch.zeros_like(logprob)
+    return logprob, entropy
+
+
+class LogprobModel(nn.Module):
+    """A causal LM whose forward returns token log-probs (and entropy) instead of logits.
+
+    Why: DeepSpeed does its gradient-accumulation bookkeeping in
+    ``engine.forward`` (ZeRO-3 otherwise overwrites, instead of summing, the
+    gradients of successive micro-batches), so the chunked log-prob computation
+    must run *inside* the engine's forward. The wrapper registers the LM's own
+    children under their own names (``model``, ``lm_head``), so its
+    ``state_dict`` keys are exactly the Hugging Face model's.
+    """
+
+    def __init__(self, lm: nn.Module):
+        super().__init__()
+        head = lm.get_output_embeddings()
+        children = dict(lm.named_children())
+        head_name = next((n for n, m in children.items() if m is head), None)
+        backbone_name = getattr(lm, "base_model_prefix", "")
+        if head is None or head_name is None or backbone_name not in children:
+            raise TypeError(f"LogprobModel needs a causal LM with a backbone and an LM head, got {type(lm).__name__}")
+        extra = set(children) - {head_name, backbone_name}
+        if extra or any(True for _ in lm.named_parameters(recurse=False)):
+            raise TypeError(f"LogprobModel: {type(lm).__name__} has modules beyond backbone and head: {sorted(extra)}")
+        self.add_module(backbone_name, children[backbone_name])
+        self.add_module(head_name, head)
+        self.__dict__["lm"] = lm  # not registered: its parameters are the ones above
+        self.config = lm.config
+        self._backbone_name, self._head_name = backbone_name, head_name
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        temperature: float = 1.0,
+        return_entropy: bool = False,
+        chunk_tokens: int = 1024,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(logprobs, entropy)``, both ``[B, T]`` float32 (entropy zeros unless asked for)."""
+        backbone, head = getattr(self, self._backbone_name), getattr(self, self._head_name)
+        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        B, T = input_ids.shape
+        # position t-1 predicts token t; only real (non-padding) targets are scored
+        valid = attention_mask[:, 1:].bool() & attention_mask[:, :-1].bool()
+        flat_hidden = hidden[:, :-1][valid]
+        flat_targets = input_ids[:, 1:][valid]
+        pieces_lp, pieces_ent = [], []
+        n_chunks = -(-flat_targets.shape[0] // chunk_tokens)
+        if hasattr(head.weight, "ds_id"):  # ZeRO-3: each head call gathers its weight, a collective
+            n_chunks = max_over_ranks(n_chunks)
+        for start in range(0, n_chunks * chunk_tokens, chunk_tokens):  # trailing chunks may be empty
+            h, y = flat_hidden[start : start + chunk_tokens], flat_targets[start : start + chunk_tokens]
+            if torch.is_grad_enabled():  # keep only h for the backward; rebuild the logits there
+                lp, ent = checkpoint(_chunk_logprobs, head, h, y, temperature, return_entropy, use_reentrant=False)
+            else:
+                lp, ent = _chunk_logprobs(head, h, y, temperature, return_entropy)
+            pieces_lp.append(lp)
+            pieces_ent.append(ent)
+        scored = torch.zeros((B, T), dtype=torch.bool, device=valid.device)
+        scored[:, 1:] = valid
+        logprobs = hidden.new_zeros((B, T), dtype=torch.float32)
+        entropy = hidden.new_zeros((B, T), dtype=torch.float32)
+        if pieces_lp:
+            logprobs = logprobs.masked_scatter(scored, torch.cat(pieces_lp))
+            entropy = entropy.masked_scatter(scored, torch.cat(pieces_ent))
+        return logprobs, entropy
+
+
+def token_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    return_entropy: bool = False,
+    chunk_tokens: int = 1024,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``logprobs[:, t] = log p(input_ids[:, t] | tokens < t)``, ``[B, T]`` float32.
+
+    Column 0 and padding positions are 0 (as is the entropy there). Gradients
+    flow to the parameters. ``model``: an engine from ``make_engine`` /
+    ``make_reference`` (its forward is already a :class:`LogprobModel`), a
+    :class:`LogprobModel`, or a plain Hugging Face causal LM (wrapped here).
+    """
+    if not isinstance(unwrap_engine(model), LogprobModel):
+        model = LogprobModel(model)
+    logprobs, entropy = model(input_ids, attention_mask, temperature, return_entropy, chunk_tokens)
+    return (logprobs, entropy) if return_entropy else logprobs
+
+
+@torch.no_grad()
+def batched_token_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    token_budget: int,
+    *,
+    temperature: float = 1.0,
+    chunk_tokens: int = 1024,
+) -> torch.Tensor:
+    """:func:`token_logprobs` over token-budget micro-batches, without gradients ([B, T]).
+
+    For the old-policy and reference log-probabilities of a whole rollout batch.
+    """
+    out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    for rows, mb in _plan(model, input_ids, attention_mask, token_budget):
+        lp = token_logprobs(model, mb["input_ids"], mb["attention_mask"], temperature=temperature, chunk_tokens=chunk_tokens)
+        if rows:
+            out[rows, : lp.shape[1]] = lp
+    return out
+
+
+@torch.no_grad()
+def batched_values(
+    value_model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_budget: int
+) -> torch.Tensor:
+    """A value model's (or its engine's) ``[B, T]`` float32 values over token-budget micro-batches (0 on padding)."""
+    out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    for rows, mb in _plan(value_model, input_ids, attention_mask, token_budget):
+        values = value_model(mb["input_ids"], mb["attention_mask"])
+        if rows:
+            out[rows, : values.shape[1]] = values.float() * mb["attention_mask"]
+    return out
+
+
+def _plan(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_budget: int):
+    """``(rows, micro_batch)`` pairs; under ZeRO-3 padded with placeholders (``rows == []``,
+    a one-row batch whose output is dropped) so that every rank runs as many forwards."""
+    groups = micro_batches(attention_mask.sum(-1).tolist(), token_budget)
+    if partitioned(model):
+        groups = equalize_micro_batches(groups)
+    tensors = {"input_ids": input_ids, "attention_mask": attention_mask}
+    if input_ids.shape[0] == 0:
+        tensors = {k: torch.ones((1, 2), dtype=v.dtype, device=v.device) for k, v in tensors.items()}
+    for rows in groups:
+        yield rows, select_rows(tensors, rows or [0])
+
+
+def unwrap_engine(model: nn.Module) -> nn.Module:
+    """The module a DeepSpeed engine runs (or ``model`` itself)."""
+    return model.module if isinstance(model, deepspeed.DeepSpeedEngine) else model
