@@ -94,7 +94,7 @@ def train_sft(
                 lp, _ = engine(t["input_ids"], t["attention_mask"])
                 loss = -aggregate(lp, t["mask"], "token-mean", denominator=denom)
                 engine.backward(loss)
-                step_loss += float(loss)
+                step_loss += loss.item()
                 tokens += int(t["attention_mask"].sum())
             engine.step()
             losses.append(step_loss)

@@ -28,6 +28,7 @@ import logging
 import math
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,9 +40,15 @@ from agent_r1.algorithms.losses import aggregate
 from agent_r1.config import Params
 from agent_r1.rollout.trajectory import TrajectoryBatch
 from agent_r1.training.checkpoint import export_hf, full_state_dict, load_latest, save_checkpoint
-from agent_r1.training.distributed import barrier, init_distributed, is_rank0
+from agent_r1.training.distributed import barrier, device, init_distributed, is_rank0
 from agent_r1.training.engines import make_engine, make_reference, unwrap
-from agent_r1.training.logprobs import batched_token_logprobs, batched_values, micro_batches, select_rows
+from agent_r1.training.logprobs import (
+    batched_token_logprobs,
+    batched_values,
+    equalize_micro_batches,
+    micro_batches,
+    select_rows,
+)
 from agent_r1.training.models import ValueModel, load_policy
 
 log = logging.getLogger(__name__)
@@ -132,92 +139,115 @@ def all_reduce_mean(metrics: dict[str, float], world: int) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------ updates
-def update_actor(
-    params: Params, engines: Engines, batch: TrajectoryBatch, advantages: torch.Tensor,
-    old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None, mask: torch.Tensor,
-) -> dict[str, float]:
-    """PPO epochs over mini-batches; micro-batches by token budget; one optimizer step per mini-batch."""
-    alg, cfg = params.algorithm, params.train
-    B = len(batch)
-    order = list(range(B))
-    rng = random.Random(cfg.seed)
-    sums: dict[str, float] = {}
-    count = 0
+def minibatches(
+    attention_mask: torch.Tensor, cfg: Any, seed: int
+) -> Iterator[tuple[list[int], list[list[int]]]]:
+    """``ppo_epochs`` shuffled passes: (mini-batch rows, its token-budget micro-batches).
+
+    Micro-batch lists are padded to the same length on every rank (empty
+    groups): ZeRO's collectives need every rank to run as many passes.
+    """
+    order = list(range(attention_mask.shape[0]))
+    rng = random.Random(seed)
     for _ in range(cfg.ppo_epochs):
         rng.shuffle(order)
-        for start in range(0, B, cfg.mini_batch_size):
-            mb_rows = order[start : start + cfg.mini_batch_size]
-            denom = float(mask[mb_rows].sum().clamp(min=1))
-            lengths = batch.attention_mask[mb_rows].sum(-1).tolist()
-            for local in micro_batches(lengths, cfg.micro_batch_tokens):
-                rows = [mb_rows[i] for i in local]
-                t = select_rows(
-                    token_tensors(batch, adv=advantages, mask=mask,
-                                  old=old_logprobs if old_logprobs is not None else advantages,
-                                  ref=ref_logprobs if ref_logprobs is not None else advantages),
-                    rows,
-                )
-                want_entropy = alg.entropy_coef > 0
-                lp, ent = engines.actor(t["input_ids"], t["attention_mask"], 1.0, want_entropy)
-                old = t["old"] if old_logprobs is not None else lp.detach()
-                pg, m = policy_loss(
-                    lp, old, t["adv"], t["mask"], clip_ratio=alg.clip_ratio, clip_ratio_high=alg.clip_ratio_high,
-                    dual_clip=alg.dual_clip, agg=alg.loss_agg, denominator=denom if alg.loss_agg == "token-mean" else None,
-                )
-                loss = pg
-                share = float(t["mask"].sum()) / denom
-                if ref_logprobs is not None:
-                    kl_mat = kl(lp, t["ref"], alg.kl_kind)
-                    kl_term = aggregate(kl_mat, t["mask"], "token-mean", denominator=denom)
-                    loss = loss + alg.kl_coef * kl_term
-                    m["kl"] = float(kl_term) / max(share, 1e-8)
-                if want_entropy:
-                    ent_term = aggregate(ent, t["mask"], "token-mean", denominator=denom)
-                    loss = loss - alg.entropy_coef * ent_term
-                    m["entropy"] = float(ent_term) / max(share, 1e-8)
-                if alg.loss_agg != "token-mean":  # seq-level aggregations: weight micro-batches by rows
-                    loss = loss * (len(rows) / len(mb_rows))
-                engines.actor.backward(loss)
-                m["pg_loss"] = float(pg) / max(share, 1e-8) if alg.loss_agg == "token-mean" else float(pg)
-                for k, v in m.items():
-                    sums[k] = sums.get(k, 0.0) + float(v) * share
-            engines.actor.step()
-            grad_norm = engines.actor.get_global_grad_norm()
-            if grad_norm is not None:
-                sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(grad_norm)
-            count += 1
-    return {k: v / max(count, 1) for k, v in sums.items()}
+        for start in range(0, len(order), cfg.mini_batch_size):
+            rows = order[start : start + cfg.mini_batch_size]
+            local = micro_batches(attention_mask[rows].sum(-1).tolist(), cfg.micro_batch_tokens)
+            yield rows, [[rows[i] for i in group] for group in equalize_micro_batches(local)]
+
+
+def global_denominator(local_count: float, world: int) -> float:
+    """Per-rank denominator that makes DeepSpeed's rank-average of gradients the global token mean:
+    sum over ranks of (local sum / (global count / world)) / world = global sum / global count."""
+    if world > 1:
+        import torch.distributed as dist
+
+        t = torch.tensor([local_count], dtype=torch.float64)
+        dist.all_reduce(t)
+        local_count = float(t.item()) / world
+    return max(local_count, 1.0)
+
+
+def _accumulate(sums: dict[str, float], metrics: dict[str, Any], weight: float) -> None:
+    for k, v in metrics.items():
+        sums[k] = sums.get(k, 0.0) + float(v) * weight
+
+
+def update_actor(
+    params: Params, engines: Engines, batch: TrajectoryBatch, advantages: torch.Tensor,
+    old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None, mask: torch.Tensor, world: int,
+) -> dict[str, float]:
+    """PPO epochs over mini-batches; micro-batches by token budget; one optimizer step per mini-batch.
+
+    Each micro-batch's loss is pre-scaled by the mini-batch's (global) token
+    count, so the accumulated gradient is exactly that of the token-mean loss.
+    """
+    alg = params.algorithm
+    tensors = token_tensors(batch, adv=advantages, mask=mask)
+    if old_logprobs is not None:
+        tensors["old"] = old_logprobs
+    if ref_logprobs is not None:
+        tensors["ref"] = ref_logprobs
+    token_mean = alg.loss_agg == "token-mean"
+    sums: dict[str, float] = {}
+    n_steps = 0
+    for mb_rows, groups in minibatches(batch.attention_mask, params.train, params.train.seed):
+        denom = global_denominator(float(mask[mb_rows].sum()), world)
+        for rows in groups:
+            t = select_rows(tensors, rows or mb_rows[:1])
+            live = 1.0 if rows else 0.0  # an empty group is a placeholder pass (see minibatches)
+            lp, ent = engines.actor(t["input_ids"], t["attention_mask"], 1.0, alg.entropy_coef > 0)
+            old = t["old"] if old_logprobs is not None else lp.detach()  # exactly on-policy: ratio 1
+            pg, m = policy_loss(
+                lp, old, t["adv"], t["mask"], clip_ratio=alg.clip_ratio, clip_ratio_high=alg.clip_ratio_high,
+                dual_clip=alg.dual_clip, agg=alg.loss_agg, denominator=denom if token_mean else None,
+            )
+            share = float(t["mask"].sum()) / denom * live
+            loss = pg
+            m["pg_loss"] = float(pg) / max(share, 1e-8) if token_mean else float(pg)
+            if ref_logprobs is not None:
+                kl_term = aggregate(kl(lp, t["ref"], alg.kl_kind), t["mask"], "token-mean", denominator=denom)
+                loss = loss + alg.kl_coef * kl_term
+                m["kl"] = float(kl_term) / max(share, 1e-8)
+            if alg.entropy_coef > 0:
+                ent_term = aggregate(ent, t["mask"], "token-mean", denominator=denom)
+                loss = loss - alg.entropy_coef * ent_term
+                m["entropy"] = float(ent_term) / max(share, 1e-8)
+            if not token_mean:  # sequence-level aggregations: weight micro-batches by their rows
+                loss = loss * (len(rows) / len(mb_rows))
+            engines.actor.backward(loss * live)
+            _accumulate(sums, m, share)
+        engines.actor.step()
+        grad_norm = engines.actor.get_global_grad_norm()
+        if grad_norm is not None:
+            sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(grad_norm)
+        n_steps += 1
+    return {k: v / max(n_steps, 1) for k, v in sums.items()}
 
 
 def update_critic(
     params: Params, critic: Any, batch: TrajectoryBatch, returns: torch.Tensor, old_values: torch.Tensor,
-    mask: torch.Tensor,
+    mask: torch.Tensor, world: int,
 ) -> dict[str, float]:
-    cfg = params.train
-    B = len(batch)
-    order = list(range(B))
-    rng = random.Random(cfg.seed + 1)
+    """The clipped value loss on the same positions and mini-batch schedule as the actor."""
+    tensors = token_tensors(batch, ret=returns, old=old_values, mask=mask)
     sums: dict[str, float] = {}
-    count = 0
-    for _ in range(cfg.ppo_epochs):
-        rng.shuffle(order)
-        for start in range(0, B, cfg.mini_batch_size):
-            mb_rows = order[start : start + cfg.mini_batch_size]
-            denom = float(mask[mb_rows].sum().clamp(min=1))
-            lengths = batch.attention_mask[mb_rows].sum(-1).tolist()
-            for local in micro_batches(lengths, cfg.micro_batch_tokens):
-                rows = [mb_rows[i] for i in local]
-                t = select_rows(token_tensors(batch, ret=returns, old=old_values, mask=mask), rows)
-                values = critic(t["input_ids"], t["attention_mask"])
-                vl, m = value_loss(values, t["old"], t["ret"], t["mask"], params.algorithm.value_clip, denominator=denom)
-                critic.backward(vl)
-                share = float(t["mask"].sum()) / denom
-                m["value_loss"] = float(vl) / max(share, 1e-8)
-                for k, v in m.items():
-                    sums[k] = sums.get(k, 0.0) + float(v) * share
-            critic.step()
-            count += 1
-    return {k: v / max(count, 1) for k, v in sums.items()}
+    n_steps = 0
+    for mb_rows, groups in minibatches(batch.attention_mask, params.train, params.train.seed + 1):
+        denom = global_denominator(float(mask[mb_rows].sum()), world)
+        for rows in groups:
+            t = select_rows(tensors, rows or mb_rows[:1])
+            live = 1.0 if rows else 0.0
+            values = critic(t["input_ids"], t["attention_mask"])
+            vl, m = value_loss(values, t["old"], t["ret"], t["mask"], params.algorithm.value_clip, denominator=denom)
+            critic.backward(vl * live)
+            share = float(t["mask"].sum()) / denom * live
+            m["value_loss"] = float(vl) / max(share, 1e-8)
+            _accumulate(sums, m, share)
+        critic.step()
+        n_steps += 1
+    return {k: v / max(n_steps, 1) for k, v in sums.items()}
 
 
 # ------------------------------------------------------------------ the loop
@@ -231,9 +261,7 @@ def build_engines(params: Params, init_model: Path) -> Engines:
     return Engines(actor, reference, critic)
 
 
-def rl_step(
-    params: Params, engines: Engines, batch: TrajectoryBatch
-) -> dict[str, float]:
+def rl_step(params: Params, engines: Engines, batch: TrajectoryBatch, world: int = 1) -> dict[str, float]:
     """Everything after the rollout: logprobs, advantages, updates. Returns metrics."""
     alg, cfg = params.algorithm, params.train
     budget = cfg.micro_batch_tokens
@@ -259,9 +287,9 @@ def rl_step(
     metrics["advantage_abs"] = masked_token_mean(advantages.abs(), mask)
 
     t0 = time.monotonic()
-    metrics.update(update_actor(params, engines, batch, advantages, old_lp, ref_lp, mask))
+    metrics.update(update_actor(params, engines, batch, advantages, old_lp, ref_lp, mask, world))
     if engines.critic is not None:
-        metrics.update(update_critic(params, engines.critic, batch, returns, values, mask))
+        metrics.update(update_critic(params, engines.critic, batch, returns, values, mask, world))
         metrics["explained_variance"] = explained_variance(values, returns, mask)
     metrics["time/update_s"] = time.monotonic() - t0
     return metrics
@@ -314,7 +342,7 @@ def train_rl(
         batch = run_episodes(rollout_engine, env, tokenizer, records, rollout_cfg)
         metrics = rollout_metrics(batch)
         metrics["time/rollout_s"] = time.monotonic() - t0
-        metrics.update(rl_step(params, engines, batch))
+        metrics.update(rl_step(params, engines, batch.to(device()), world))
         sync_rollout_weights(engines.actor, rollout_engine, world)
         metrics["time/step_s"] = time.monotonic() - t_step
         metrics["tokens_per_s"] = metrics["tokens"] / max(metrics["time/step_s"], 1e-9)

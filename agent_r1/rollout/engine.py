@@ -1,0 +1,293 @@
+"""Generation engines: token ids in, token ids (and their logprobs) out.
+
+The multi-turn loop (:mod:`agent_r1.rollout.loop`) only ever hands token ids to
+an engine and gets token ids back, so the trajectory the trainer sees is exactly
+what the policy produced: nothing is decoded and re-encoded.
+
+Logprob convention (every engine): ``logprobs[i]`` is
+``log_softmax(model_logits)[token_ids[i]]`` of the model's raw logits, i.e. at
+temperature 1 and before top-p filtering, whatever temperature/top_p were used
+to *sample*. That is the quantity the trainer's teacher-forced pass recomputes
+(``log_softmax(logits).gather(ids)``), so the two can be compared directly and
+used as the behaviour policy's logprobs in importance ratios. (With
+temperature != 1 the true sampling distribution differs; recompute it from
+these if a consumer needs it.) TransformersEngine applies the output projection
+in float32 (bf16 logits are rounded to 0.125 steps); a trainer that wants to
+match it to ~1e-2 in bf16 should do the same.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+FINISH_REASONS: tuple[str, ...] = ("stop", "length")
+
+
+@dataclass
+class GenerationOutput:
+    """One prompt's continuation.
+
+    ``finish_reason`` is ``"stop"`` when a stop string or an end-of-turn token
+    ended it (that token is kept, tokens after a stop string are never
+    produced) and ``"length"`` when it hit its ``max_new_tokens``.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+
+
+class GenerationEngine(ABC):
+    """What the rollout loop needs from an inference backend (transformers, vLLM, a test double)."""
+
+    @abstractmethod
+    def generate(
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: list[int] | int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        stop_strings: Sequence[str] = (),
+        seed: int | None = None,
+    ) -> list[GenerationOutput]:
+        """Continue every prompt; greedy when ``temperature == 0``. See the module doc for logprobs."""
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Load new policy weights (weight sync from the trainer)."""
+        raise NotImplementedError(f"{type(self).__name__} does not support update_weights")
+
+
+def _per_prompt(max_new_tokens: list[int] | int, n: int) -> list[int]:
+    if isinstance(max_new_tokens, int):
+        return [max_new_tokens] * n
+    if len(max_new_tokens) != n:
+        raise ValueError(f"max_new_tokens has {len(max_new_tokens)} entries for {n} prompts")
+    return list(max_new_tokens)
+
+
+def sample_tokens(
+    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick one token per row of float32 ``logits`` [B, V]; return (tokens, their temperature-1 logprobs)."""
+    logprobs = torch.log_softmax(logits, dim=-1)
+    if temperature == 0:
+        tokens = logits.argmax(dim=-1)
+    else:
+        probs = torch.softmax(logits / temperature, dim=-1)
+        if top_p < 1.0:
+            sorted_probs, order = probs.sort(dim=-1, descending=True)
+            # drop a token when the mass strictly before it already reaches top_p (the first always stays)
+            drop = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= top_p
+            sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+            probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+class StopChecker:
+    """Finds a stop string at the end of a growing token sequence, decoding only a short tail.
+
+    A stop string is found the step its last character appears, so checking the
+    decoded text of the last few tokens suffices: ``window`` tokens always cover
+    more characters than the longest stop string (a token decodes to at least
+    one character, except byte fragments of a multi-byte character, hence the
+    slack).
+    """
+
+    def __init__(self, tokenizer, stop_strings: Sequence[str]):
+        self.tokenizer = tokenizer
+        self.stop_strings = [s for s in stop_strings if s]
+        self.window = max((len(s) for s in self.stop_strings), default=0) + 4
+
+    def hit(self, token_ids: list[int]) -> bool:
+        if not self.stop_strings:
+            return False
+        tail = self.tokenizer.decode(token_ids[-self.window :], skip_special_tokens=False)
+        return any(s in tail for s in self.stop_strings)
+
+
+class TransformersEngine(GenerationEngine):
+    """Batched sampling with a transformers causal LM and a KV cache; our own loop.
+
+    Why not ``model.generate``: we need the temperature-1 logprob of every
+    sampled token, a per-sequence stop on strings that decode from arbitrary
+    token boundaries, and finished sequences leaving the batch so that long
+    tails do not pay for short ones. The loop is plain: run the prompts'
+    common prefix (system prompt, one-shot example) once and share its KV
+    cache, left-pad the rest of each prompt and prefill it (only the last
+    position's logits are computed), then one forward per new token on the
+    rows still running. Rows that finish are
+    dropped from the KV cache once at least ``compact_fraction`` of the cache
+    rows are dead (copying the cache costs about as much as a decoding step, so
+    compacting on every single finish would not pay).
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        dtype: str = "bfloat16",
+        device: str = "cpu",
+        compact_fraction: float = 0.25,
+        min_shared_prefix: int = 16,
+        extra_stop_tokens: Sequence[str] = ("<|im_end|>", "<|endoftext|>"),
+    ):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model_path = Path(model_path)
+        if not model_path.is_dir():
+            raise FileNotFoundError(f"policy model folder not found: {model_path}")
+        self.device = torch.device(device)
+        self.dtype = getattr(torch, dtype)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype).to(self.device).eval()
+        if getattr(self.model.config, "final_logit_softcapping", None):
+            raise ValueError(f"{model_path}: logit soft-capping models are not supported (logits must be lm_head(h))")
+        self._refresh_head()
+        self.compact_fraction = compact_fraction
+        self.min_shared_prefix = min_shared_prefix
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.stop_token_ids = self._stop_token_ids(extra_stop_tokens)
+        log.info("loaded %s (%s on %s); stop tokens %s", model_path, dtype, device, sorted(self.stop_token_ids))
+
+    def _stop_token_ids(self, extra: Sequence[str]) -> set[int]:
+        """EOS ids of the generation config and tokenizer, plus end-of-turn tokens the vocabulary has."""
+        ids: set[int] = set()
+        eos = getattr(self.model.generation_config, "eos_token_id", None)
+        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        vocab = self.tokenizer.get_vocab()
+        ids.update(vocab[t] for t in extra if t in vocab and vocab[t] != self.tokenizer.unk_token_id)
+        return ids
+
+    def _refresh_head(self) -> None:
+        """A float32 copy of the output projection (see :meth:`_last_logits`)."""
+        self.head_weight = self.model.get_output_embeddings().weight.detach().float()
+        bias = getattr(self.model.get_output_embeddings(), "bias", None)
+        self.head_bias = None if bias is None else bias.detach().float()
+
+    def _last_logits(self, **inputs) -> torch.Tensor:
+        """float32 logits at the last position: the decoder in ``dtype``, the output projection in float32.
+
+        bf16 logits of magnitude 16-32 are rounded to steps of 0.125, which alone
+        moves logprobs by ~0.04; projecting the last hidden state in float32
+        removes that rounding for the cost of one [B, d] x [d, V] float32 matmul.
+        """
+        hidden = self.model.get_decoder()(**inputs).last_hidden_state[:, -1, :].float()
+        logits = hidden @ self.head_weight.T
+        return logits if self.head_bias is None else logits + self.head_bias
+
+    def _prefill_shared_prefix(self, prompts: list[list[int]], cache) -> int:
+        """Run the prompts' common prefix once and copy its KV to every row; return its length.
+
+        In a rollout every prompt starts with the same system prompt (and
+        one-shot example), often most of a first-turn prompt: computing it once
+        instead of once per row is the cheapest large prefill saving. At least
+        one token of each prompt is left for the batched prefill, which
+        produces the first logits.
+        """
+        if len(prompts) < 2 or self.min_shared_prefix <= 0:
+            return 0
+        first, shortest = prompts[0], min(len(p) for p in prompts)
+        n = 0
+        while n < shortest - 1 and all(p[n] == first[n] for p in prompts):
+            n += 1
+        if n < self.min_shared_prefix:
+            return 0
+        ids = torch.tensor([first[:n]], device=self.device)
+        pos = torch.arange(n, device=self.device)[None]
+        self.model.get_decoder()(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True)
+        cache.batch_repeat_interleave(len(prompts))
+        return n
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Copy trainer weights in place (dtype/device cast by ``load_state_dict``); names must match exactly."""
+        result = self.model.load_state_dict(dict(state_dict), strict=False)
+        tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
+        missing = [k for k in result.missing_keys if k not in tied]
+        if missing or result.unexpected_keys:
+            raise KeyError(f"update_weights: missing keys {missing[:5]}, unexpected keys {result.unexpected_keys[:5]}")
+        self._refresh_head()
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: list[int] | int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        stop_strings: Sequence[str] = (),
+        seed: int | None = None,
+    ) -> list[GenerationOutput]:
+        from transformers import DynamicCache
+
+        if temperature < 0 or not 0 < top_p <= 1:
+            raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
+        limits = _per_prompt(max_new_tokens, len(prompts))
+        outs = [GenerationOutput([], [], "length") for _ in prompts]
+        rows = [i for i, n in enumerate(limits) if n > 0]  # prompt index of each cache row
+        for i in rows:
+            if not prompts[i]:
+                raise ValueError(f"prompt {i} is empty")
+        if not rows:
+            return outs
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,)).item()))
+        stops = StopChecker(self.tokenizer, stop_strings)
+
+        cache = DynamicCache(config=self.model.config)
+        shared = self._prefill_shared_prefix([prompts[i] for i in rows], cache)
+        width = max(len(prompts[i]) for i in rows) - shared
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), shared + width), dtype=torch.long)
+        mask[:, :shared] = 1
+        for r, i in enumerate(rows):
+            suffix = prompts[i][shared:]
+            ids[r, width - len(suffix) :] = torch.tensor(suffix)
+            mask[r, shared + width - len(suffix) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        # padding sits between the shared prefix and each suffix; positions skip it
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
+        logits = self._last_logits(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+        last_pos = pos[:, -1:]
+        alive = [True] * len(rows)
+        while True:
+            tokens, lps = sample_tokens(logits, temperature, top_p, gen)
+            tokens_l, lps_l = tokens.tolist(), lps.tolist()
+            for r, i in enumerate(rows):
+                if not alive[r]:
+                    continue
+                o = outs[i]
+                o.token_ids.append(tokens_l[r])
+                o.logprobs.append(lps_l[r])
+                if tokens_l[r] in self.stop_token_ids or stops.hit(o.token_ids):
+                    o.finish_reason, alive[r] = "stop", False
+                elif len(o.token_ids) >= limits[i]:
+                    alive[r] = False
+            n_alive = sum(alive)
+            if n_alive == 0:
+                break
+            if len(rows) - n_alive >= max(1, self.compact_fraction * len(rows)):
+                keep = torch.tensor([r for r in range(len(rows)) if alive[r]], device=self.device)
+                cache.batch_select_indices(keep)
+                tokens, mask, last_pos = tokens[keep], mask[keep], last_pos[keep]
+                rows = [rows[r] for r in keep.tolist()]
+                alive = [True] * len(rows)
+            mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
+            last_pos = last_pos + 1
+            logits = self._last_logits(
+                input_ids=tokens[:, None],
+                attention_mask=mask,
+                position_ids=last_pos,
+                past_key_values=cache,
+                use_cache=True,
+            )
+        return outs

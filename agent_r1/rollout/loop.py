@@ -1,0 +1,244 @@
+"""The multi-turn rollout: episodes -> engine -> env -> ... -> TrajectoryBatch.
+
+Each trajectory is a list of token ids grown by concatenation only:
+
+    prompt ids | turn 0 generated ids | observation 0 ids | turn 1 generated ids | ...
+
+* generated ids are exactly what the engine returned (action_mask 1);
+* observation ids are the chat template's *delta*: the text the template adds
+  after the assistant turn (its closing ``<|im_end|>`` unless the policy wrote
+  it itself, the observation message, the next generation prompt), found by
+  rendering the conversation with a placeholder for the assistant content and
+  taking what follows the placeholder; only that delta string is tokenised.
+  The policy's own tokens are decoded for the env's parser, never re-encoded
+  (re-encoding drifts: Agent-R1's training broke on it).
+
+Turn by turn only the active episodes go to the engine, sorted by length and
+in chunks of ``cfg.batch_size`` (similar lengths waste less left padding); all
+of a turn's actions go to ``env.step_batch`` together, so their tool calls run
+as one batch. An episode whose next turn would have no room under
+``cfg.max_total_tokens`` is truncated there and finished with ``"max_length"``.
+
+Greedy (evaluation) uses temperature 0 and one sample per record: with n > 1
+the samples would be identical copies.
+
+Seeding: the i-th ``generate`` call of a run gets the i-th seed drawn from
+``random.Random(cfg.seed)``, so a run is reproducible for a given ``cfg.seed``
+(and batch layout); the trainer varies ``cfg.seed`` per step
+(``cfg.model_copy(update={"seed": ...})``).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent_r1.config import RolloutConfig
+from agent_r1.rollout.engine import GenerationEngine, GenerationOutput
+from agent_r1.rollout.trajectory import TrajectoryBatch
+
+log = logging.getLogger(__name__)
+
+# Stands in for the assistant's content when rendering a template delta; never tokenised.
+PLACEHOLDER = "\x00AGENT_R1_ASSISTANT_CONTENT\x00"
+
+INFO_FROM_METRICS: tuple[str, ...] = ("em", "f1", "answered")
+
+
+def render(tokenizer: Any, messages: list[dict], tools: list[dict] | None) -> str:
+    """The chat template's text for ``messages`` followed by the generation prompt."""
+    return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    """Tokenise template text: special tokens in it are already spelled out, so none are added."""
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def observation_delta(
+    tokenizer: Any,
+    history: list[dict],
+    tools: list[dict] | None,
+    observation: str,
+    role: str,
+    last_action_token: int,
+) -> str:
+    """The template text that follows the policy's tokens of this turn, up to the next generation prompt.
+
+    ``history`` is the conversation before the assistant turn (ending where the
+    policy started generating). When the policy ended its turn with the
+    template's own closing token, that token is an action token and is not
+    repeated here.
+    """
+    before = render(tokenizer, history, tools)
+    after = render(
+        tokenizer, [*history, {"role": "assistant", "content": PLACEHOLDER}, {"role": role, "content": observation}], tools
+    )
+    head = before + PLACEHOLDER
+    if not after.startswith(head):
+        raise ValueError(
+            "the chat template does not render a conversation as a prefix of its continuation "
+            f"(history of {len(history)} messages); cannot build observation tokens by delta"
+        )
+    delta = after[len(head) :]
+    closing = tokenizer.convert_ids_to_tokens(last_action_token)
+    if closing in tokenizer.all_special_tokens and delta.startswith(closing):
+        delta = delta[len(closing) :]
+    return delta
+
+
+@dataclass
+class _Trajectory:
+    """The rollout-side state of one episode: its token lists and template conversation."""
+
+    episode: Any
+    group_id: int
+    conversation: list[dict]  # messages as the template renders them (assistant content = decoded text)
+    input_ids: list[int]
+    prompt_length: int
+    action_mask: list[int] = field(default_factory=list)
+    turn_index: list[int] = field(default_factory=list)
+    rollout_logprobs: list[float] = field(default_factory=list)
+    turn_ends: list[int] = field(default_factory=list)  # position of each turn's last action token
+    done: bool = False
+
+    def __post_init__(self) -> None:
+        n = len(self.input_ids)
+        self.action_mask, self.turn_index, self.rollout_logprobs = [0] * n, [-1] * n, [0.0] * n
+
+    def add(self, ids: list[int], is_action: bool, logprobs: list[float] | None = None) -> None:
+        turn = len(self.turn_ends) - (0 if is_action else 1)
+        self.input_ids += ids
+        self.action_mask += [int(is_action)] * len(ids)
+        self.turn_index += [turn] * len(ids)
+        self.rollout_logprobs += logprobs if is_action else [0.0] * len(ids)
+        if is_action:
+            self.turn_ends.append(len(self.input_ids) - 1)
+
+    def token_rewards(self) -> list[float]:
+        ep = self.episode
+        finals = ep.final_turn_rewards
+        if finals is None or ep.outcome_reward is None:
+            raise RuntimeError(f"episode of record {ep.record.get('id')!r} ended without env.finish()")
+        if len(finals) != len(self.turn_ends):
+            raise RuntimeError(
+                f"record {ep.record.get('id')!r}: env has {len(finals)} turn rewards for {len(self.turn_ends)} generated turns"
+            )
+        rewards = [0.0] * len(self.input_ids)
+        for pos, r in zip(self.turn_ends, finals):
+            rewards[pos] += float(r)
+        rewards[self.turn_ends[-1]] += float(ep.outcome_reward)
+        return rewards
+
+    def info(self) -> dict:
+        ep = self.episode
+        metrics = dict(ep.metrics or {})
+        info = {
+            "question_id": ep.record.get("id"),
+            "source": ep.record.get("source"),
+            "type": ep.record.get("type"),
+            "turns": ep.turn,
+            "tool_calls": ep.tool_calls,
+            "invalid_calls": ep.invalid_calls,
+            "answer": ep.answer,
+            "termination": ep.termination,
+            "outcome_reward": float(ep.outcome_reward),
+            "process_reward": float(sum(ep.final_turn_rewards)),
+            "action_tokens": sum(self.action_mask),
+            "total_tokens": len(self.input_ids),
+        }
+        for key in INFO_FROM_METRICS:
+            info[key] = metrics.get(key)
+        return {**metrics, **info}
+
+    def as_sequence(self) -> dict:
+        return {
+            "input_ids": self.input_ids,
+            "action_mask": self.action_mask,
+            "turn_index": self.turn_index,
+            "token_rewards": self.token_rewards(),
+            "rollout_logprobs": self.rollout_logprobs,
+            "group_id": self.group_id,
+            "prompt_length": self.prompt_length,
+            "info": self.info(),
+        }
+
+
+def _start(env: Any, tokenizer: Any, record: dict, group_id: int, tools: list[dict] | None, cfg: RolloutConfig) -> _Trajectory:
+    episode = env.reset(record)
+    ids = encode(tokenizer, render(tokenizer, episode.messages, tools))
+    if len(ids) >= cfg.max_total_tokens:
+        raise ValueError(
+            f"record {record.get('id')!r}: the prompt has {len(ids)} tokens, "
+            f"rollout.max_total_tokens={cfg.max_total_tokens} leaves no room to generate"
+        )
+    return _Trajectory(episode, group_id, [dict(m) for m in episode.messages], list(ids), len(ids))
+
+
+def _generate(
+    engine: GenerationEngine,
+    active: list[_Trajectory],
+    cfg: RolloutConfig,
+    temperature: float,
+    stop_strings: list[str],
+    seeds: random.Random,
+) -> list[GenerationOutput]:
+    outputs: list[GenerationOutput] = []
+    for start in range(0, len(active), cfg.batch_size):
+        chunk = active[start : start + cfg.batch_size]
+        budgets = [min(cfg.max_new_tokens, cfg.max_total_tokens - len(t.input_ids)) for t in chunk]
+        outputs += engine.generate(
+            [t.input_ids for t in chunk],
+            budgets,
+            temperature=temperature,
+            top_p=cfg.top_p,
+            stop_strings=stop_strings,
+            seed=seeds.getrandbits(63),
+        )
+    return outputs
+
+
+def run_episodes(
+    engine: GenerationEngine,
+    env: Any,
+    tokenizer: Any,
+    records: list[dict],
+    cfg: RolloutConfig,
+    greedy: bool = False,
+) -> TrajectoryBatch:
+    """Play ``cfg.n`` episodes of every record (1 when ``greedy``) to the end; see the module doc."""
+    n = 1 if greedy else cfg.n
+    temperature = 0.0 if greedy else cfg.temperature
+    tools = env.tool_specs()
+    stop_strings = list(env.format.stop_strings)
+    seeds = random.Random(cfg.seed)
+    trajs = [_start(env, tokenizer, rec, g, tools, cfg) for g, rec in enumerate(records) for _ in range(n)]
+
+    while active := sorted((t for t in trajs if not t.done), key=lambda t: len(t.input_ids)):
+        outputs = _generate(engine, active, cfg, temperature, stop_strings, seeds)
+        texts = [tokenizer.decode(o.token_ids, skip_special_tokens=True) for o in outputs]
+        results = env.step_batch([t.episode for t in active], texts)
+        for t, out, text, res in zip(active, outputs, texts, results, strict=True):
+            history = t.conversation
+            t.add(out.token_ids, is_action=True, logprobs=out.logprobs)
+            t.conversation = [*history, {"role": "assistant", "content": text}]
+            if res.done:
+                t.done = True
+                continue
+            role = res.observation_role
+            delta = observation_delta(tokenizer, history, tools, res.observation, role, out.token_ids[-1])
+            obs_ids = encode(tokenizer, delta)
+            t.conversation.append({"role": role, "content": res.observation})
+            room = cfg.max_total_tokens - len(t.input_ids)
+            if len(obs_ids) >= room:  # no token left to generate after it: truncate here
+                t.add(obs_ids[:room], is_action=False)
+                env.finish(t.episode, "max_length")
+                t.done = True
+            else:
+                t.add(obs_ids, is_action=False)
+        log.debug("turn done: %d active, %d finished", sum(not t.done for t in trajs), sum(t.done for t in trajs))
+
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return TrajectoryBatch.from_sequences([t.as_sequence() for t in trajs], pad_id)

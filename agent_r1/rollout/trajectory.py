@@ -1,0 +1,112 @@
+"""TrajectoryBatch: the token-exact record of a set of episodes, rollout -> trainer.
+
+All [B, T] tensors are right-padded. Per token:
+
+* ``input_ids`` / ``attention_mask`` -- prompt and every turn, concatenated ids;
+* ``action_mask`` -- 1 where the policy generated the token (the loss mask);
+* ``turn_index`` -- k for the action tokens of turn k and the observation that
+  follows them, -1 for the prompt and padding;
+* ``token_rewards`` -- each turn's process reward on that turn's last action
+  token, plus the outcome reward on the episode's last action token;
+* ``rollout_logprobs`` -- the engine's temperature-1 logprob at action tokens,
+  0 elsewhere.
+
+Per trajectory: ``group_id`` (index of the question it came from; GRPO/RLOO
+groups), ``prompt_length`` and ``info`` (episode metrics).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import torch
+
+from agent_r1.io import atomic_path
+
+TOKEN_FIELDS: tuple[str, ...] = (
+    "input_ids",
+    "attention_mask",
+    "action_mask",
+    "turn_index",
+    "token_rewards",
+    "rollout_logprobs",
+)
+
+
+@dataclass
+class TrajectoryBatch:
+    input_ids: torch.Tensor  # [B, T] long
+    attention_mask: torch.Tensor  # [B, T] long
+    action_mask: torch.Tensor  # [B, T] long
+    turn_index: torch.Tensor  # [B, T] long
+    token_rewards: torch.Tensor  # [B, T] float32
+    rollout_logprobs: torch.Tensor  # [B, T] float32
+    group_id: torch.Tensor  # [B] long
+    prompt_length: torch.Tensor  # [B] long
+    info: list[dict] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        shape = self.input_ids.shape
+        for name in TOKEN_FIELDS:
+            if getattr(self, name).shape != shape:
+                raise ValueError(f"TrajectoryBatch.{name} has shape {tuple(getattr(self, name).shape)}, expected {tuple(shape)}")
+        for name in ("group_id", "prompt_length"):
+            if getattr(self, name).shape != shape[:1]:
+                raise ValueError(f"TrajectoryBatch.{name} has shape {tuple(getattr(self, name).shape)}, expected ({shape[0]},)")
+        if len(self.info) != shape[0]:
+            raise ValueError(f"TrajectoryBatch.info has {len(self.info)} entries for {shape[0]} trajectories")
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def to(self, device: str | torch.device) -> "TrajectoryBatch":
+        tensors = {f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name != "info"}
+        return TrajectoryBatch(**tensors, info=self.info)
+
+    def response_mask(self) -> torch.Tensor:
+        """1 on every real token after the prompt (actions and observations), 0 on prompt and padding."""
+        positions = torch.arange(self.input_ids.shape[1], device=self.input_ids.device)
+        return ((positions[None, :] >= self.prompt_length[:, None]) & (self.attention_mask > 0)).long()
+
+    def save(self, path: str | Path) -> None:
+        """torch.save of a plain dict (atomic), loadable with ``weights_only=True``."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        with atomic_path(path) as tmp:
+            torch.save(data, tmp)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "TrajectoryBatch":
+        data = torch.load(path, map_location="cpu", weights_only=True)
+        expected = {f.name for f in fields(cls)}
+        if set(data) != expected:
+            raise ValueError(f"{path}: not a TrajectoryBatch (keys {sorted(data)}, expected {sorted(expected)})")
+        return cls(**data)
+
+    @classmethod
+    def from_sequences(cls, seqs: list[dict], pad_id: int) -> "TrajectoryBatch":
+        """Right-pad per-trajectory lists into tensors.
+
+        Each item holds the TOKEN_FIELDS except ``attention_mask`` as equal-length
+        lists, plus ``group_id``, ``prompt_length`` and ``info``.
+        """
+        if not seqs:
+            raise ValueError("no trajectories to batch")
+        width = max(len(s["input_ids"]) for s in seqs)
+        pads = {"input_ids": pad_id, "action_mask": 0, "turn_index": -1, "token_rewards": 0.0, "rollout_logprobs": 0.0}
+        dtypes = {"token_rewards": torch.float32, "rollout_logprobs": torch.float32}
+        out: dict[str, torch.Tensor] = {}
+        for name, pad in pads.items():
+            rows = []
+            for j, s in enumerate(seqs):
+                if len(s[name]) != len(s["input_ids"]):
+                    raise ValueError(f"trajectory {j}: {name} has {len(s[name])} entries, input_ids {len(s['input_ids'])}")
+                rows.append(list(s[name]) + [pad] * (width - len(s[name])))
+            out[name] = torch.tensor(rows, dtype=dtypes.get(name, torch.long))
+        out["attention_mask"] = torch.tensor([[1] * len(s["input_ids"]) + [0] * (width - len(s["input_ids"])) for s in seqs])
+        return cls(
+            **out,
+            group_id=torch.tensor([s["group_id"] for s in seqs], dtype=torch.long),
+            prompt_length=torch.tensor([s["prompt_length"] for s in seqs], dtype=torch.long),
+            info=[s["info"] for s in seqs],
+        )
