@@ -62,6 +62,11 @@ def ds_config(cfg: TrainConfig, lr: float, *, world_size: int = 1, train: bool =
         "wall_clock_breakdown": False,
     }
     if not train:
+        # A frozen model has no gradients or optimizer state to partition: ZeRO-1/2 would
+        # partition nothing (and DeepSpeed refuses them without an optimizer); ZeRO-3 still
+        # shards its weights.
+        if cfg.zero_stage < 3:
+            config["zero_optimization"] = {"stage": 0}
         return config
     config["managed_gradient_accumulation"] = False
     config["gradient_clipping"] = cfg.grad_clip

@@ -184,6 +184,7 @@ def update_actor(
     count, so the accumulated gradient is exactly that of the token-mean loss.
     """
     alg = params.algorithm
+    temperature = params.rollout.temperature  # the policy being optimised is the one that sampled
     tensors = token_tensors(batch, adv=advantages, mask=mask)
     if old_logprobs is not None:
         tensors["old"] = old_logprobs
@@ -197,7 +198,7 @@ def update_actor(
         for rows in groups:
             t = select_rows(tensors, rows or mb_rows[:1])
             live = 1.0 if rows else 0.0  # an empty group is a placeholder pass (see minibatches)
-            lp, ent = engines.actor(t["input_ids"], t["attention_mask"], 1.0, alg.entropy_coef > 0)
+            lp, ent = engines.actor(t["input_ids"], t["attention_mask"], temperature, alg.entropy_coef > 0)
             old = t["old"] if old_logprobs is not None else lp.detach()  # exactly on-policy: ratio 1
             pg, m = policy_loss(
                 lp, old, t["adv"], t["mask"], clip_ratio=alg.clip_ratio, clip_ratio_high=alg.clip_ratio_high,
@@ -271,8 +272,12 @@ def rl_step(params: Params, engines: Engines, batch: TrajectoryBatch, world: int
     metrics: dict[str, float] = {}
 
     t0 = time.monotonic()
-    old_lp = None if on_policy else batched_token_logprobs(engines.actor, ids, am, budget)
-    ref_lp = batched_token_logprobs(engines.reference, ids, am, budget) if engines.reference is not None else None
+    temp = params.rollout.temperature
+    old_lp = None if on_policy else batched_token_logprobs(engines.actor, ids, am, budget, temperature=temp)
+    ref_lp = (
+        batched_token_logprobs(engines.reference, ids, am, budget, temperature=temp)
+        if engines.reference is not None else None
+    )
     values = batched_values(engines.critic, ids, am, budget) if engines.critic is not None else None
     metrics["time/logprobs_s"] = time.monotonic() - t0
 
