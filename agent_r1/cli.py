@@ -60,6 +60,30 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _chat(args: argparse.Namespace) -> int:
+    """One episode of a policy in the ToolEnv, printed span by span with masks and rewards."""
+    from agent_r1.config import ParamsError, load_params
+    from agent_r1.env import SearchTool, ToolEnv
+    from agent_r1.retrieval import load_index
+    from agent_r1.rollout import TransformersEngine, run_episodes
+    from agent_r1.rollout.inspect import render
+
+    try:
+        params = load_params(args.params)
+    except ParamsError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    env_cfg = params.env if args.one_shot is None else params.env.model_copy(update={"one_shot": args.one_shot})
+    engine = TransformersEngine(args.model, dtype=params.rollout.dtype)
+    env = ToolEnv([SearchTool(load_index(args.index), env_cfg.top_k)], env_cfg)
+    record = {"id": "chat", "question": args.question, "answers": args.answer or [""],
+              "supporting_titles": [], "type": "chat", "source": "chat"}
+    rollout = params.rollout.model_copy(update={"n": 1, "seed": args.seed})
+    batch = run_episodes(engine, env, engine.tokenizer, [record], rollout, greedy=not args.sample)
+    print(render(batch, 0, engine.tokenizer))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="agent-r1", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -88,6 +112,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8765)
     serve.set_defaults(func=_serve)
+    chat = sub.add_parser("chat", help="run one episode and print it with masks and rewards")
+    chat.add_argument("question")
+    chat.add_argument("--model", default="models/policy", help="a transformers folder (e.g. models/trained/grpo)")
+    chat.add_argument("--index", default="indexes/bm25", help="index folder or http:// URL")
+    chat.add_argument("--params", default="params.yaml")
+    chat.add_argument("--answer", action="append", help="gold answer(s), to score the episode")
+    chat.add_argument("--sample", action="store_true", help="sample at rollout.temperature instead of greedy")
+    chat.add_argument("--seed", type=int, default=0)
+    shot = chat.add_mutually_exclusive_group()
+    shot.add_argument("--one-shot", dest="one_shot", action="store_true", default=None,
+                      help="show the one-shot example (the base model needs it)")
+    shot.add_argument("--no-one-shot", dest="one_shot", action="store_false",
+                      help="no example (trained policies; see sft.one_shot)")
+    chat.set_defaults(func=_chat)
     return p
 
 

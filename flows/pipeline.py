@@ -7,13 +7,17 @@
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 from pathlib import Path
 
-import subprocess
+# Offline by design: no usage telemetry from the Prefect server or SDK (set before prefect loads).
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")
 
-from prefect import flow
+from prefect import flow  # noqa: E402
 
-from tasks.dvc_stage import StageRun, dvc_command, publish_metrics, run_dvc_stage
+from tasks.dvc_stage import StageRun, dvc_command, publish_metrics, run_dvc_stage  # noqa: E402
 
 
 def pipeline_stages(repo: str = ".") -> list[str]:

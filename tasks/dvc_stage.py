@@ -11,8 +11,10 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import IO
 
 from prefect import task
 from prefect.artifacts import create_table_artifact
@@ -42,6 +44,20 @@ def dvc_command() -> list[str]:
     return [sys.executable, "-m", "dvc"]
 
 
+def _stream(pipe: IO[bytes]) -> Iterator[tuple[str, bool]]:
+    """Split a subprocess's output into ``(text, is_progress)``: lines ended by a newline,
+    and carriage-return frames (tqdm progress bars), as they arrive."""
+    buf = b""
+    while chunk := os.read(pipe.fileno(), 65536):
+        buf += chunk
+        while (cut := min((i for i in (buf.find(b"\n"), buf.find(b"\r")) if i >= 0), default=-1)) >= 0:
+            piece, sep, buf = buf[:cut], buf[cut : cut + 1], buf[cut + 1 :]
+            if piece or sep == b"\n":
+                yield piece.decode(errors="replace"), sep == b"\r"
+    if buf:
+        yield buf.decode(errors="replace"), False
+
+
 @task(name="dvc-stage", task_run_name="{stage}")
 def run_dvc_stage(stage: str, repo: str = ".", force: bool = False) -> StageRun:
     """``dvc repro --single-item STAGE``, streaming its log; report ran vs cached."""
@@ -49,18 +65,17 @@ def run_dvc_stage(stage: str, repo: str = ".", force: bool = False) -> StageRun:
     cmd = [*dvc_command(), "repro", "--single-item", stage] + (["--force"] if force else [])
     logger.info("$ %s", " ".join(cmd[2:]))
     start = time.monotonic()
-    proc = subprocess.Popen(
-        cmd, cwd=repo, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
-    )
-    cached = False
+    proc = subprocess.Popen(cmd, cwd=repo, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     lines: list[str] = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        line = line.rstrip("\n")
-        lines.append(line)
-        cached = cached or any(m in line for m in _CACHED_MARKERS)
-        if line.strip():
-            logger.info(line.split("\r")[-1])
+    for text, is_progress in _stream(proc.stdout):
+        if is_progress:  # a progress bar redrawing itself: show it live, don't log every frame
+            sys.stderr.write("\r" + text[:160])
+            sys.stderr.flush()
+            continue
+        lines.append(text)
+        if text.strip():
+            logger.info(text)
+    cached = any(m in line for line in lines for m in _CACHED_MARKERS)
     rc = proc.wait()
     result = StageRun(stage=stage, ran=not cached, seconds=round(time.monotonic() - start, 2), returncode=rc)
     if rc != 0:

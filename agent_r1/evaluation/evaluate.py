@@ -60,10 +60,19 @@ def evaluate_policy(
     return aggregate(infos, method)
 
 
+# One worked example, as the tool-calling agent gets one: a fair baseline, not a strawman.
+NAIVE_RAG_EXAMPLE = [
+    {"role": "user", "content": "Documents:\nDoc 1 (Velmora Labs): Velmora Labs is a robotics company founded "
+                                "by Ilsa Brandt.\n\nQuestion: Who founded Velmora Labs?"},
+    {"role": "assistant", "content": "<answer>Ilsa Brandt</answer>"},
+]
+
+
 def naive_rag_prompt(question: str, hits: list, doc_chars: int) -> list[dict[str, str]]:
     docs = "\n".join(f"Doc {i} ({h.title}): {h.text[:doc_chars]}" for i, h in enumerate(hits, 1))
     return [
         {"role": "system", "content": NAIVE_RAG_SYSTEM},
+        *NAIVE_RAG_EXAMPLE,
         {"role": "user", "content": f"Documents:\n{docs}\n\nQuestion: {question}"},
     ]
 

@@ -38,13 +38,19 @@ def _tag(step: int) -> str:
 
 
 def save_checkpoint(
-    engines: dict[str, Any], root: str | Path, step: int, extra: dict[str, Any] | None = None, keep: int = 2
+    engines: dict[str, Any],
+    root: str | Path,
+    step: int,
+    extra: dict[str, Any] | None = None,
+    keep: int = 2,
+    fingerprint: str | None = None,
 ) -> None:
     """Save every engine under ``root/<name>/step<step>``; then publish ``latest.json``.
 
     Collective: every rank must call it. ``extra`` (JSON-able or torch-picklable:
     data position, RNG states, metrics) is stored with each engine and returned
-    by :func:`load_latest`.
+    by :func:`load_latest`. ``fingerprint`` identifies the run's settings in
+    ``latest.json``, so a caller can refuse to resume a run with other params.
     """
     root, tag = Path(root), _tag(step)
     client_state = {"agent_r1": dict(extra or {}), "step": step}
@@ -52,7 +58,8 @@ def save_checkpoint(
         engine.save_checkpoint(str(root / name), tag=tag, client_state=client_state, save_latest=False)
     barrier()  # every rank's shards are on disk before the checkpoint is published
     if is_rank0():
-        write_json(root / LATEST, {"step": step, "tag": tag, "engines": sorted(engines)})
+        latest = {"step": step, "tag": tag, "engines": sorted(engines), "fingerprint": fingerprint}
+        write_json(root / LATEST, latest)
         _prune(root, list(engines), step, keep)
     barrier()
     log.info("checkpoint %s saved to %s", tag, root)

@@ -26,7 +26,7 @@ from agent_r1.config import Params
 from agent_r1.rollout.trajectory import TrajectoryBatch
 from agent_r1.training.checkpoint import export_hf
 from agent_r1.training.engines import make_engine
-from agent_r1.training.expert import ExpertEngine
+from agent_r1.training.expert import ExpertEngine, expert_plan
 from agent_r1.training.logprobs import micro_batches, select_rows
 from agent_r1.training.models import load_policy
 
@@ -47,7 +47,10 @@ def expert_demonstrations(params: Params, tokenizer: Any, env: Any, records: lis
     from agent_r1.rollout import run_episodes
 
     engine = ExpertEngine(tokenizer, records, params.env.format)
-    return run_episodes(engine, env, tokenizer, records, params.rollout.model_copy(update={"n": 1}))
+    # The expert's actions are never cut short: a truncated demonstration would teach truncation.
+    longest = max(len(tokenizer.encode(a, add_special_tokens=False)) for r in records for a in expert_plan(r, params.env.format))
+    cfg = params.rollout.model_copy(update={"n": 1, "max_new_tokens": max(params.rollout.max_new_tokens, longest)})
+    return run_episodes(engine, env, tokenizer, records, cfg)
 
 
 def keep_grounded(batch: TrajectoryBatch) -> list[int]:

@@ -24,8 +24,11 @@ which a killed run resumes.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
+import shutil
 import random
 import time
 from collections.abc import Iterator
@@ -39,7 +42,7 @@ from agent_r1.algorithms import compute_advantages, kl, loss_mask, policy_loss, 
 from agent_r1.algorithms.losses import aggregate
 from agent_r1.config import Params
 from agent_r1.rollout.trajectory import TrajectoryBatch
-from agent_r1.training.checkpoint import export_hf, full_state_dict, load_latest, save_checkpoint
+from agent_r1.training.checkpoint import export_hf, full_state_dict, load_latest, read_latest, save_checkpoint
 from agent_r1.training.distributed import barrier, device, init_distributed, is_rank0
 from agent_r1.training.engines import make_engine, make_reference, unwrap
 from agent_r1.training.logprobs import (
@@ -65,6 +68,14 @@ class Engines:
 
 
 # ------------------------------------------------------------------ helpers
+def run_fingerprint(params: Params, init_model: Path) -> str:
+    """What a checkpoint must share with this run to be resumed: everything but the
+    step count and the logging cadence (so raising ``train.steps`` continues a run)."""
+    cfg = params.model_dump(exclude={"experiments": True, "train": {"steps", "save_every", "eval_every"}})
+    blob = json.dumps([cfg, str(Path(init_model).resolve())], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
 def step_questions(questions: list[dict], n: int, step: int, seed: int) -> list[dict]:
     """The step's questions: a seeded sample, the same on every rank and on resume."""
     rng = random.Random(seed * 1_000_003 + step)
@@ -331,6 +342,14 @@ def train_rl(
     env = ToolEnv([SearchTool(load_index(index_path), params.env.top_k)], params.env)
 
     start_step = 0
+    fingerprint = run_fingerprint(params, init_model)
+    latest = read_latest(checkpoint_dir)
+    if latest is not None and latest.get("fingerprint") != fingerprint:
+        log.warning("%s holds a run with other params: starting afresh", checkpoint_dir)
+        barrier()
+        if is_rank0():
+            shutil.rmtree(checkpoint_dir, ignore_errors=True)
+        barrier()
     resumed = load_latest(engines.checkpointed(), checkpoint_dir)
     if resumed is not None:
         start_step = resumed[0]
@@ -371,10 +390,10 @@ def train_rl(
             metrics["time/rollout_s"], metrics["time/update_s"],
             f" | eval em {metrics['eval/em']:.3f}" if "eval/em" in metrics else "",
         )
-        if (step + 1) % cfg.save_every == 0 and step + 1 < cfg.steps:
-            save_checkpoint(engines.checkpointed(), checkpoint_dir, step + 1)
+        if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+            save_checkpoint(engines.checkpointed(), checkpoint_dir, step + 1, fingerprint=fingerprint)
 
     export_hf(engines.actor, tokenizer, out_model)
     if live is not None:
         live.end()
-    return {"steps": cfg.steps, "last": history[-1] if history else {}}
+    return {"steps": cfg.steps, "start_step": start_step, "last": history[-1] if history else {}}
