@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT
+ROOT = Path(__file__).resolve().parents[1]
 
 TINY_DATA = {
     "source": "synthetic",

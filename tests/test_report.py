@@ -64,3 +64,16 @@ def test_report_without_metrics_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "eval").mkdir()
     with pytest.raises(FileNotFoundError, match="no metrics"):
         write_report(tmp_path / "eval", [], tmp_path / "r.md", tmp_path / "r.png")
+
+
+@pytest.mark.parametrize("header", ["step\treward", "timestamp\tstep\treward"])
+def test_training_curves_read_dvclive_files(tmp_path: Path, header: str) -> None:
+    from agent_r1.evaluation.report import read_curve, training_curves
+
+    d = tmp_path / "dvclive" / "grpo" / "plots" / "metrics" / "train"
+    d.mkdir(parents=True)
+    rows = ["0\t-0.9", "1\t0.25"] if header.startswith("step") else ["17\t0\t-0.9", "18\t1\t0.25"]
+    (d / "reward.tsv").write_text("\n".join([header, *rows]) + "\n")
+    assert read_curve(d / "reward.tsv") == ([0, 1], [-0.9, 0.25])
+    assert training_curves(tmp_path / "dvclive", tmp_path / "t.png") == ["grpo"]
+    assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"

@@ -84,13 +84,15 @@ CURVES = (
 
 
 def read_curve(tsv: Path) -> tuple[list[int], list[float]]:
-    """A dvclive metric file (``timestamp, step, <name>``) as (steps, values)."""
-    steps, values = [], []
+    """A dvclive metric file (``[timestamp,] step, <name>``) as (steps, values)."""
     lines = tsv.read_text().splitlines()
+    header = lines[0].split("\t")
+    at_step = header.index("step")
+    steps, values = [], []
     for line in lines[1:]:
         cols = line.split("\t")
-        steps.append(int(cols[1]))
-        values.append(float(cols[2]))
+        steps.append(int(cols[at_step]))
+        values.append(float(cols[-1]))
     return steps, values
 
 
