@@ -41,6 +41,7 @@ import torch
 from agent_r1.algorithms import compute_advantages, kl, loss_mask, policy_loss, value_loss
 from agent_r1.algorithms.losses import aggregate
 from agent_r1.config import Params
+from agent_r1.io import write_text
 from agent_r1.rollout.trajectory import TrajectoryBatch
 from agent_r1.training.checkpoint import export_hf, full_state_dict, load_latest, read_latest, save_checkpoint
 from agent_r1.training.distributed import barrier, device, init_distributed, is_rank0
@@ -74,6 +75,17 @@ def run_fingerprint(params: Params, init_model: Path) -> str:
     cfg = params.model_dump(exclude={"experiments": True, "train": {"steps", "save_every", "eval_every"}})
     blob = json.dumps([cfg, str(Path(init_model).resolve())], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def trim_live_history(live_dir: Path, start_step: int) -> None:
+    """Drop dvclive rows logged at or after ``start_step`` (a resumed run logs them again)."""
+    for tsv in Path(live_dir).glob("plots/metrics/**/*.tsv"):
+        lines = tsv.read_text().splitlines()
+        if not lines:
+            continue
+        at_step = lines[0].split("\t").index("step")
+        kept = [lines[0]] + [ln for ln in lines[1:] if int(ln.split("\t")[at_step]) < start_step]
+        write_text(tsv, "\n".join(kept) + "\n")
 
 
 def step_questions(questions: list[dict], n: int, step: int, seed: int) -> list[dict]:
@@ -356,7 +368,12 @@ def train_rl(
         sync_rollout_weights(engines.actor, rollout_engine, world)
         log.info("resuming at step %d", start_step)
 
-    live = Live(str(live_dir), resume=start_step > 0, save_dvc_exp=False, dvcyaml=None) if is_rank0() else None
+    live = None
+    if is_rank0():
+        if start_step > 0:
+            trim_live_history(live_dir, start_step)  # steps logged after the checkpoint are replayed
+        live = Live(str(live_dir), resume=start_step > 0, save_dvc_exp=False, dvcyaml=None)
+        live.step = start_step
     history: list[dict[str, float]] = []
     for step in range(start_step, cfg.steps):
         t_step = time.monotonic()
