@@ -121,6 +121,34 @@ def test_token_logprobs_match_full_log_softmax() -> None:
     torch.testing.assert_close(batched_token_logprobs(model, ids, mask, token_budget=40), plain, atol=1e-5, rtol=1e-5)
 
 
+def test_score_mask_scores_only_the_masked_tokens_with_the_same_values_and_gradients() -> None:
+    """Skipping the LM head off the loss mask changes no logprob the loss reads, nor its gradient."""
+    model = fresh_llama().train()
+    batch = global_batch(2)
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    score = torch.zeros_like(mask)
+    score[:, 3:8] = 1  # an "action" span
+    score = score * mask
+
+    def loss_and_grads(score_mask):
+        model.zero_grad()
+        lp = token_logprobs(model, ids, mask, chunk_tokens=4, score_mask=score_mask)
+        (-(lp * score).sum()).backward()
+        return lp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    full, g_full = loss_and_grads(None)
+    part, g_part = loss_and_grads(score)
+    on = score.bool()
+    torch.testing.assert_close(part[on], full[on], atol=1e-6, rtol=1e-6)
+    assert (part[~on] == 0).all() and (full[~on & mask.bool()][:, ...] != 0).any()
+    for name in g_full:
+        torch.testing.assert_close(g_part[name], g_full[name], atol=1e-6, rtol=1e-5, msg=name)
+    with torch.no_grad():
+        batched = batched_token_logprobs(model, ids, mask, token_budget=40, score_mask=score)
+    torch.testing.assert_close(batched[on], full[on], atol=1e-5, rtol=1e-5)
+    assert (batched[~on] == 0).all()
+
+
 def test_masked_positions_get_exactly_zero_gradient() -> None:
     """Tokens scored only at masked positions (a trailing observation) must not move any parameter."""
     model = fresh_llama().train()

@@ -94,7 +94,7 @@ def train_sft(
             step_loss = 0.0
             for local in micro_batches(tensors["attention_mask"][mb_rows].sum(-1).tolist(), params.train.micro_batch_tokens):
                 t = select_rows(tensors, [mb_rows[i] for i in local])
-                lp, _ = engine(t["input_ids"], t["attention_mask"])
+                lp, _ = engine(t["input_ids"], t["attention_mask"], score_mask=t["mask"])
                 loss = -aggregate(lp, t["mask"], "token-mean", denominator=denom)
                 engine.backward(loss)
                 step_loss += loss.item()

@@ -221,7 +221,9 @@ def update_actor(
         for rows in groups:
             t = select_rows(tensors, rows or mb_rows[:1])
             live = 1.0 if rows else 0.0  # an empty group is a placeholder pass (see minibatches)
-            lp, ent = engines.actor(t["input_ids"], t["attention_mask"], temperature, alg.entropy_coef > 0)
+            lp, ent = engines.actor(
+                t["input_ids"], t["attention_mask"], temperature, alg.entropy_coef > 0, score_mask=t["mask"]
+            )
             old = t["old"] if old_logprobs is not None else lp.detach()  # exactly on-policy: ratio 1
             pg, m = policy_loss(
                 lp, old, t["adv"], t["mask"], clip_ratio=alg.clip_ratio, clip_ratio_high=alg.clip_ratio_high,
@@ -294,11 +296,16 @@ def rl_step(params: Params, engines: Engines, batch: TrajectoryBatch, world: int
     on_policy = cfg.ppo_epochs == 1 and n_minibatches == 1
     metrics: dict[str, float] = {}
 
+    # the loss reads logprobs only under this mask: score nothing else (see LogprobModel)
+    mask = loss_mask(batch.action_mask, am, batch.prompt_length, alg.loss_mask).float()
     t0 = time.monotonic()
     temp = params.rollout.temperature
-    old_lp = None if on_policy else batched_token_logprobs(engines.actor, ids, am, budget, temperature=temp)
+    old_lp = (
+        None if on_policy
+        else batched_token_logprobs(engines.actor, ids, am, budget, temperature=temp, score_mask=mask)
+    )
     ref_lp = (
-        batched_token_logprobs(engines.reference, ids, am, budget, temperature=temp)
+        batched_token_logprobs(engines.reference, ids, am, budget, temperature=temp, score_mask=mask)
         if engines.reference is not None else None
     )
     values = batched_values(engines.critic, ids, am, budget) if engines.critic is not None else None
@@ -311,7 +318,6 @@ def rl_step(params: Params, engines: Engines, batch: TrajectoryBatch, world: int
         values=values, gamma=alg.gamma, lam=alg.lam, align=alg.advantage_mask, response_mask=response,
         process_rewards=alg.process_rewards_in_advantage, **extra,
     )
-    mask = loss_mask(batch.action_mask, am, batch.prompt_length, alg.loss_mask).float()
     metrics["advantage_abs"] = masked_token_mean(advantages.abs(), mask)
 
     t0 = time.monotonic()
