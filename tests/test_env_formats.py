@@ -130,15 +130,11 @@ def test_tags_system_prompt_example_and_observations() -> None:
     assert TAGS.format_error("bad") == "<information>Error: bad</information>"
 
 
-def test_tags_prompt_with_example_is_short() -> None:
+def test_tags_prompt_with_example_is_short(policy_dir) -> None:
     """The 135M model pays for every prompt token on every turn of every episode."""
     from transformers import AutoTokenizer
 
-    from agent_r1.paths import POLICY_DIR
-
-    if not (POLICY_DIR / "tokenizer.json").is_file():
-        pytest.skip(f"no policy tokenizer at {POLICY_DIR}")
-    tok = AutoTokenizer.from_pretrained(str(POLICY_DIR))
+    tok = AutoTokenizer.from_pretrained(str(policy_dir))
     tools = [SearchTool(NoIndex(), 3)]
     messages = [{"role": "system", "content": TAGS.system_prompt(tools, one_shot=True)}, *TAGS.example_messages(tools)]
     n = len(tok(tok.apply_chat_template(messages, tokenize=False), add_special_tokens=False)["input_ids"])

