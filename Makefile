@@ -28,6 +28,7 @@ test-slow: $(STAMP)  ## long checks
 bench: $(STAMP)
 	$(PY) bench/retrieval.py
 	$(PY) bench/rollout.py
+	$(PY) bench/train.py
 
 lock:  ## re-pin after changing dependencies in pyproject.toml
 	$(PY) -m pip install -q -e .
