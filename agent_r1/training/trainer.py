@@ -231,15 +231,15 @@ def update_actor(
             )
             share = float(t["mask"].sum()) / denom * live
             loss = pg
-            m["pg_loss"] = float(pg) / max(share, 1e-8) if token_mean else float(pg)
+            m["pg_loss"] = float(pg.detach()) / max(share, 1e-8) if token_mean else float(pg.detach())
             if ref_logprobs is not None:
                 kl_term = aggregate(kl(lp, t["ref"], alg.kl_kind), t["mask"], "token-mean", denominator=denom)
                 loss = loss + alg.kl_coef * kl_term
-                m["kl"] = float(kl_term) / max(share, 1e-8)
+                m["kl"] = float(kl_term.detach()) / max(share, 1e-8)
             if alg.entropy_coef > 0:
                 ent_term = aggregate(ent, t["mask"], "token-mean", denominator=denom)
                 loss = loss - alg.entropy_coef * ent_term
-                m["entropy"] = float(ent_term) / max(share, 1e-8)
+                m["entropy"] = float(ent_term.detach()) / max(share, 1e-8)
             if not token_mean:  # sequence-level aggregations: weight micro-batches by their rows
                 loss = loss * (len(rows) / len(mb_rows))
             engines.actor.backward(loss * live)
@@ -269,7 +269,7 @@ def update_critic(
             vl, m = value_loss(values, t["old"], t["ret"], t["mask"], params.algorithm.value_clip, denominator=denom)
             critic.backward(vl * live)
             share = float(t["mask"].sum()) / denom * live
-            m["value_loss"] = float(vl) / max(share, 1e-8)
+            m["value_loss"] = float(vl.detach()) / max(share, 1e-8)
             _accumulate(sums, m, share)
         critic.step()
         n_steps += 1
