@@ -84,6 +84,18 @@ def _chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from agent_r1.compare import CompareError, collect, render
+
+    try:
+        rows = collect(args.a, args.b, all_rows=args.all)
+    except CompareError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(render(rows, args.a, args.b))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="agent-r1", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -126,6 +138,14 @@ def build_parser() -> argparse.ArgumentParser:
     shot.add_argument("--no-one-shot", dest="one_shot", action="store_false",
                       help="no example (trained policies; see sft.one_shot)")
     chat.set_defaults(func=_chat)
+
+    compare = sub.add_parser(
+        "compare", help="params and metrics differences between two commits / experiments (dvc params+metrics diff)"
+    )
+    compare.add_argument("a", nargs="?", default="HEAD", help="a commit, branch, tag or dvc experiment (default HEAD)")
+    compare.add_argument("b", nargs="?", default=None, help="another one (default: the workspace)")
+    compare.add_argument("--all", action="store_true", help="also the params and metrics that are equal")
+    compare.set_defaults(func=_compare)
     return p
 
 
