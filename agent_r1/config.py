@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 DEFAULT_PARAMS = Path("params.yaml")
 
@@ -240,6 +240,25 @@ class EvalConfig(_Strict):
     naive_rag_max_new_tokens: int = Field(48, ge=1)
 
 
+# ------------------------------------------------------------------ schedule
+class ScheduleConfig(_Strict):
+    """flows/schedule.py: the pipeline flow served on a cron by a Prefect server."""
+
+    deployment: str = Field("nightly", min_length=1, description="Prefect deployment name")
+    cron: str = Field("0 3 * * *", description="5-field cron expression")
+    timezone: str = "UTC"
+    targets: list[str] = Field(default_factory=list, description="stages to run; empty = the whole pipeline")
+    force: bool = False
+
+    @field_validator("cron")
+    @classmethod
+    def _five_fields(cls, v: str) -> str:
+        # the full syntax is checked by Prefect when the flow is served; this catches the common slip early
+        if len(v.split()) != 5:
+            raise ValueError(f"must have 5 space-separated fields (minute hour day month weekday), got {v!r}")
+        return v
+
+
 # ---------------------------------------------------------------------- root
 class Params(_Strict):
     data: DataConfig = DataConfig()
@@ -251,6 +270,7 @@ class Params(_Strict):
     algorithm: AlgorithmConfig = AlgorithmConfig()
     train: TrainConfig = TrainConfig()
     sft: SFTConfig = SFTConfig()
+    schedule: ScheduleConfig = ScheduleConfig()
     experiments: dict[str, ExperimentConfig] = Field(
         default_factory=lambda: {"grpo": ExperimentConfig(overrides={"env": {"one_shot": False}})}
     )

@@ -48,9 +48,9 @@ def evaluate_policy(
 ) -> dict[str, Any]:
     """Greedy multi-turn episodes of the policy at ``model_path`` in the ToolEnv."""
     from agent_r1.env import SearchTool, ToolEnv
-    from agent_r1.rollout import TransformersEngine, run_episodes
+    from agent_r1.rollout import make_rollout_engine, run_episodes
 
-    engine = TransformersEngine(model_path, dtype=params.rollout.dtype)
+    engine = make_rollout_engine(model_path, params.rollout)
     env = ToolEnv([SearchTool(index, params.env.top_k)], params.env)
     infos: list[dict[str, Any]] = []
     chunk = max(1, params.rollout.batch_size)
@@ -89,9 +89,9 @@ def evaluate_naive_rag(
     model_path: Path, index: SearchIndex, records: list[dict[str, Any]], params: Params, max_new_tokens: int = 48
 ) -> dict[str, Any]:
     """Retrieve top-k with the whole question, answer in one turn (no tool use)."""
-    from agent_r1.rollout import TransformersEngine
+    from agent_r1.rollout import make_rollout_engine
 
-    engine = TransformersEngine(model_path, dtype=params.rollout.dtype)
+    engine = make_rollout_engine(model_path, params.rollout)
     tok = engine.tokenizer
     rows: list[dict[str, Any]] = []
     chunk = max(1, params.rollout.batch_size)

@@ -72,7 +72,7 @@ class Engines:
 def run_fingerprint(params: Params, init_model: Path) -> str:
     """What a checkpoint must share with this run to be resumed: everything but the
     step count and the logging cadence (so raising ``train.steps`` continues a run)."""
-    cfg = params.model_dump(exclude={"experiments": True, "train": {"steps", "save_every", "eval_every"}})
+    cfg = params.model_dump(exclude={"experiments": True, "schedule": True, "train": {"steps", "save_every", "eval_every"}})
     blob = json.dumps([cfg, str(Path(init_model).resolve())], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -346,7 +346,7 @@ def train_rl(
     from agent_r1.env import SearchTool, ToolEnv
     from agent_r1.evaluation.aggregate import aggregate as aggregate_episodes
     from agent_r1.retrieval import load_index
-    from agent_r1.rollout import TransformersEngine, run_episodes
+    from agent_r1.rollout import make_rollout_engine, run_episodes
 
     rank, world = init_distributed()
     cfg = params.train
@@ -355,7 +355,7 @@ def train_rl(
         raise ValueError(f"train.questions_per_step ({cfg.questions_per_step}) must be divisible by train.num_procs ({world})")
 
     engines = build_engines(params, init_model)
-    rollout_engine = TransformersEngine(init_model, dtype=params.rollout.dtype)
+    rollout_engine = make_rollout_engine(init_model, params.rollout)
     tokenizer = rollout_engine.tokenizer
     env = ToolEnv([SearchTool(load_index(index_path), params.env.top_k)], params.env)
 

@@ -1,0 +1,342 @@
+"""vLLM rollout engine (``rollout.engine: vllm``): token ids in, token ids and logprobs out.
+
+Same contract as :class:`~agent_r1.rollout.engine.TransformersEngine`:
+
+- logprobs are vLLM's ``raw_logprobs`` of the sampled tokens: ``log_softmax``
+  of the raw logits (temperature 1, before top-p), i.e. the module convention
+  of :mod:`agent_r1.rollout.engine`. vLLM computes the output projection in
+  the model dtype, so in bfloat16 the logits carry bf16 rounding (~0.04 in a
+  logprob, see the engine module doc); use ``dtype="float32"`` where the
+  behaviour logprobs must match the trainer tightly;
+- greedy when ``temperature == 0``;
+- stops on the chat template's end-of-turn / EOS ids (computed as
+  TransformersEngine does) and on ``stop_strings``; the token that completes a
+  stop string is kept and nothing after it is produced, checked with the same
+  :class:`~agent_r1.rollout.engine.StopChecker`, so both engines cut at the
+  same token;
+- ``update_weights(state_dict)`` loads trainer weights into the running model
+  in memory (vLLM's in-place ``reload_weights`` on the worker: checkpoint names
+  in, CPU GEMM weights re-packed), then clears the prefix cache.
+
+The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): no
+engine subprocess, so no ``if __name__ == "__main__":`` guard is needed and the
+state dict is handed over by reference, not serialised. Side effects of an
+in-process vLLM, contained here: it seeds the global RNGs (saved and restored
+around construction), replaces ``torch.set_num_threads`` by a no-op (restored),
+joins the existing ``torch.distributed`` group (each trainer rank runs its own
+engine; vLLM makes no collective calls while generating) or creates a one-rank
+one, and on shutdown destroys the default group only if it created it (see
+:func:`_keep_foreign_process_group`).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import random
+from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from agent_r1.rollout.engine import GenerationEngine, GenerationOutput, StopChecker, _per_prompt
+
+log = logging.getLogger(__name__)
+
+GiB = 1 << 30
+
+
+def stop_token_ids(model_path: Path, tokenizer, extra: Sequence[str]) -> set[int]:
+    """EOS ids of the generation config and tokenizer, plus end-of-turn tokens the vocabulary has.
+
+    The same set :class:`TransformersEngine` stops on (``model.generation_config``
+    is ``generation_config.json``, else the model config's EOS).
+    """
+    from transformers import AutoConfig, GenerationConfig
+
+    try:
+        eos = GenerationConfig.from_pretrained(model_path).eos_token_id
+    except OSError:
+        eos = getattr(AutoConfig.from_pretrained(model_path), "eos_token_id", None)
+    ids: set[int] = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    vocab = tokenizer.get_vocab()
+    ids.update(vocab[t] for t in extra if t in vocab and vocab[t] != tokenizer.unk_token_id)
+    return ids
+
+
+def _checkpoint_names(model_path: Path) -> set[str]:
+    from safetensors import safe_open
+
+    names: set[str] = set()
+    for f in sorted(model_path.glob("*.safetensors")):
+        with safe_open(f, framework="pt") as st:
+            names.update(st.keys())
+    return names
+
+
+class VLLMEngine(GenerationEngine):
+    """An in-process ``vllm.LLM`` behind the :class:`GenerationEngine` interface.
+
+    ``kv_cache_gib`` sizes the KV cache (on CPU, RAM set aside up front: 1 GiB
+    holds ~23k tokens of SmolLM2-135M in float32, ~46k in bfloat16; requests
+    beyond it wait or are preempted, never fail). ``enforce_eager`` skips
+    torch.compile (engine start ~8 s instead of minutes of inductor compile on
+    2 cores). Extra keyword arguments go to ``vllm.LLM``.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        dtype: str = "bfloat16",
+        seed: int = 0,
+        kv_cache_gib: float = 1.0,
+        max_model_len: int | None = 4096,
+        max_num_seqs: int = 64,
+        enforce_eager: bool = True,
+        enable_prefix_caching: bool = True,
+        extra_stop_tokens: Sequence[str] = ("<|im_end|>", "<|endoftext|>"),
+        num_threads: int | None = 1,
+        **llm_kwargs,
+    ):
+        model_path = Path(model_path)
+        if not model_path.is_dir():
+            raise FileNotFoundError(f"policy model folder not found: {model_path}")
+        # in-process engine core: read by vLLM when the LLM is built (and cached after)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from transformers import AutoConfig, AutoTokenizer
+        from vllm import LLM
+
+        self.model_path = model_path
+        self.dtype = dtype
+        self.num_threads = num_threads
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.stop_token_ids = stop_token_ids(model_path, self.tokenizer, extra_stop_tokens)
+        self.tied = bool(getattr(AutoConfig.from_pretrained(model_path), "tie_word_embeddings", False))
+        self._weight_names = _checkpoint_names(model_path)
+
+        _keep_foreign_process_group()
+        rng_state = (random.getstate(), torch.get_rng_state(), _numpy_rng_state())
+        set_num_threads = torch.set_num_threads
+        try:
+            self.llm = LLM(
+                model=str(model_path),
+                dtype=dtype,
+                seed=seed,
+                kv_cache_memory_bytes=int(kv_cache_gib * GiB),
+                max_model_len=max_model_len,
+                max_num_seqs=max_num_seqs,
+                enforce_eager=enforce_eager,
+                enable_prefix_caching=enable_prefix_caching,
+                logprobs_mode="raw_logprobs",
+                generation_config="vllm",  # no sampling defaults from generation_config.json
+                **llm_kwargs,
+            )
+        finally:
+            torch.set_num_threads = set_num_threads  # the CPU worker swaps in a no-op
+            random.setstate(rng_state[0])
+            torch.set_rng_state(rng_state[1])
+            _restore_numpy_rng_state(rng_state[2])
+        log.info("vLLM engine on %s (%s); stop tokens %s", model_path, dtype, sorted(self.stop_token_ids))
+
+    # ------------------------------------------------------------------ generate
+    def generate(
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: list[int] | int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        stop_strings: Sequence[str] = (),
+        seed: int | None = None,
+    ) -> list[GenerationOutput]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if temperature < 0 or not 0 < top_p <= 1:
+            raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
+        limits = _per_prompt(max_new_tokens, len(prompts))
+        outs = [GenerationOutput([], [], "length") for _ in prompts]
+        rows = [i for i, n in enumerate(limits) if n > 0]
+        for i in rows:
+            if not prompts[i]:
+                raise ValueError(f"prompt {i} is empty")
+        if not rows:
+            return outs
+        seeds = random.Random(seed) if seed is not None else None
+        stops = [s for s in stop_strings if s]
+        params = [
+            SamplingParams(
+                n=1,
+                temperature=temperature,
+                top_p=top_p if temperature > 0 else 1.0,
+                max_tokens=limits[i],
+                logprobs=0,  # the sampled token's logprob only
+                stop=stops or None,
+                stop_token_ids=sorted(self.stop_token_ids),
+                include_stop_str_in_output=True,
+                skip_special_tokens=False,
+                spaces_between_special_tokens=False,
+                seed=seeds.getrandbits(63) if seeds is not None else None,
+            )
+            for i in rows
+        ]
+        with self._threads():
+            results = self.llm.generate(
+                [TokensPrompt(prompt_token_ids=list(prompts[i])) for i in rows], params, use_tqdm=False
+            )
+        checker = StopChecker(self.tokenizer, stops)
+        for i, res in zip(rows, results):
+            c = res.outputs[0]
+            ids = list(c.token_ids)
+            lps = [float(d[t].logprob) for d, t in zip(c.logprobs, ids)]
+            outs[i] = self._finish(ids, lps, c.finish_reason, limits[i], checker)
+        return outs
+
+    def _finish(
+        self, ids: list[int], lps: list[float], vllm_reason: str | None, limit: int, checker: StopChecker
+    ) -> GenerationOutput:
+        """Cut at the first stop exactly as TransformersEngine decides it; finish reason likewise."""
+        for k, t in enumerate(ids):
+            if t in self.stop_token_ids or checker.hit(ids[: k + 1]):
+                if k + 1 < len(ids):
+                    log.debug("vLLM ran %d tokens past a stop; cut", len(ids) - k - 1)
+                return GenerationOutput(ids[: k + 1], lps[: k + 1], "stop")
+        if len(ids) >= limit or vllm_reason == "length":  # the budget, or the context (max_model_len) ran out
+            return GenerationOutput(ids, lps, "length")
+        log.warning("vLLM stopped (%s) after %d tokens where no stop was found; kept as 'stop'", vllm_reason, len(ids))
+        return GenerationOutput(ids, lps, "stop")
+
+    # ----------------------------------------------------------- weight sync
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Load trainer weights (checkpoint/transformers names) into the running model, in memory.
+
+        vLLM's worker ``reload_weights`` takes the (name, tensor) pairs, maps
+        them onto its fused parameters (qkv, gate/up), casts to the engine
+        dtype and re-packs the CPU GEMM weights; the prefix cache (KV computed
+        with the old weights) is then dropped.
+        """
+        names = set(state_dict)
+        optional = {"lm_head.weight"} if self.tied else set()
+        missing = sorted(self._weight_names - names - optional)
+        unexpected = sorted(names - self._weight_names - optional)
+        if missing or unexpected:
+            raise KeyError(f"update_weights: missing keys {missing[:5]}, unexpected keys {unexpected[:5]}")
+        weights = [(k, v.detach()) for k, v in state_dict.items() if not (self.tied and k == "lm_head.weight")]
+        reload_log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+        reload_log.addFilter(_expected_reload_warnings)
+        try:
+            with self._threads():
+                self.llm.collective_rpc(
+                    "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
+                )
+                self._refresh_tied_head()
+        finally:
+            reload_log.removeFilter(_expected_reload_warnings)
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("update_weights: vLLM could not reset its prefix cache (requests still running?)")
+
+    @contextmanager
+    def _threads(self):
+        """torch's intra-op threads set to ``num_threads`` while vLLM runs (the pool is per process)."""
+        old = torch.get_num_threads()
+        change = self.num_threads is not None and self.num_threads != old
+        if change:
+            torch.set_num_threads(self.num_threads)
+        try:
+            yield
+        finally:
+            if change:
+                torch.set_num_threads(old)
+
+    def _refresh_tied_head(self) -> None:
+        """Re-pack a tied output projection from the (reloaded) embedding.
+
+        On CPU, vLLM packs every linear weight for its GEMM kernels at load
+        time; the tied ``lm_head`` receives no weights of its own in a reload,
+        so its packed copy would keep the old embedding.
+        """
+        if not self.tied:
+            return
+
+        def repack(worker) -> int:
+            model = worker.model_runner.get_model()
+            head = getattr(model, "lm_head", None)
+            method = getattr(head, "quant_method", None)
+            if head is None or method is None or not hasattr(method, "process_weights_after_loading"):
+                return 0
+            method.process_weights_after_loading(head)
+            return 1
+
+        self.llm.collective_rpc(repack)
+
+    def close(self) -> None:
+        """Shut the engine down and free it (idempotent; also happens when it is garbage-collected)."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is None:
+            return
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+
+
+# The default process group that existed when the latest engine was built (the trainer's), if any.
+_FOREIGN_DEFAULT_GROUP = None
+
+
+def _keep_foreign_process_group() -> None:
+    """Make vLLM's shutdown leave a process group it did not create.
+
+    An in-process EngineCore ends with ``cleanup_dist_env_and_memory()``, which
+    destroys the *default* process group, the trainer's too, when vLLM joined
+    one that DeepSpeed had set up. Patch its ``destroy_distributed_environment``
+    to destroy only vLLM's own groups in that case.
+    """
+    global _FOREIGN_DEFAULT_GROUP
+    import torch.distributed as dist
+    from vllm.distributed import parallel_state as ps
+
+    if dist.is_available() and dist.is_initialized():
+        _FOREIGN_DEFAULT_GROUP = dist.GroupMember.WORLD
+    if getattr(ps.destroy_distributed_environment, "_agent_r1_patched", False):
+        return
+    original = ps.destroy_distributed_environment
+
+    def destroy_distributed_environment() -> None:
+        foreign = _FOREIGN_DEFAULT_GROUP
+        if foreign is not None and dist.is_initialized() and dist.GroupMember.WORLD is foreign:
+            if ps._WORLD is not None:
+                ps._WORLD.destroy()
+            ps._WORLD, ps._NODE_COUNT = None, None
+            return
+        original()
+
+    destroy_distributed_environment._agent_r1_patched = True
+    ps.destroy_distributed_environment = destroy_distributed_environment
+
+
+def _expected_reload_warnings(record: logging.LogRecord) -> bool:
+    """Drop vLLM's "Failed to load weights" for layers that have no checkpoint weights of their own.
+
+    The rotary embedding holds a computed cos/sin cache and a tied lm_head
+    shares the embedding; both keep their tensors in a reload, by design.
+    """
+    msg = record.getMessage()
+    return not (msg.endswith("Failed to load weights") and msg.split(":")[0] in ("RotaryEmbedding", "ParallelLMHead"))
+
+
+def _numpy_rng_state():
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover
+        return None
+    return np.random.get_state()
+
+
+def _restore_numpy_rng_state(state) -> None:
+    if state is not None:
+        import numpy as np
+
+        np.random.set_state(state)

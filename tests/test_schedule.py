@@ -1,0 +1,125 @@
+"""flows/schedule.py against a real local Prefect server started here."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+POLLS = 240  # x 0.5 s: a bound so a broken server fails the test instead of hanging it
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate, what: str, proc: subprocess.Popen | None = None):
+    for _ in range(POLLS):
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"{what}: process exited with {proc.returncode}")
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"gave up waiting for {what}")
+
+
+def post(url: str, body: dict) -> list | None:
+    """The JSON list a filter endpoint returns, or None while the (busy) server does not answer."""
+    try:
+        r = httpx.post(url, json=body, timeout=30)
+    except httpx.HTTPError:
+        return None
+    return r.json() if r.status_code == 200 and r.json() else None
+
+
+@pytest.fixture()
+def server(tmp_path: Path):
+    port = free_port()
+    env = {
+        **os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "DO_NOT_TRACK": "1", "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "1",
+        "PREFECT_UI_ENABLED": "false",
+    }
+    env.pop("PREFECT_API_URL", None)
+    log = open(tmp_path / "server.log", "w")  # a file, not a pipe: an unread pipe fills up and stalls the server
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
+    )
+    api = f"http://127.0.0.1:{port}/api"
+
+    def healthy() -> bool:
+        try:
+            return httpx.get(f"{api}/health", timeout=10).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_for(healthy, "prefect server health", proc)
+        yield api, env
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def test_serving_the_schedule_creates_scheduled_runs(server, tmp_path: Path) -> None:
+    api, env = server
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["schedule"] = {"deployment": "test-nightly", "cron": "0 3 * * *", "timezone": "UTC",
+                          "targets": ["prepare"], "force": False}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    log = open(tmp_path / "serve.log", "w+")
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "flows.schedule", "--params", str(tmp_path / "params.yaml"), "--repo", str(tmp_path)],
+        cwd=ROOT, env={**env, "PREFECT_API_URL": api, "PYTHONPATH": str(ROOT)},
+        stdout=log, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        def deployment():
+            return post(f"{api}/deployments/filter", {"deployments": {"name": {"any_": ["test-nightly"]}}})
+
+        dep = wait_for(deployment, "the served deployment", serve)[0]
+        assert dep["parameters"] == {"targets": ["prepare"], "force": False, "repo": str(tmp_path.resolve())}
+        assert dep["schedules"][0]["schedule"]["cron"] == "0 3 * * *"
+
+        def scheduled_runs():
+            return post(f"{api}/flow_runs/filter", {
+                "deployments": {"id": {"any_": [dep["id"]]}},
+                "flow_runs": {"state": {"type": {"any_": ["SCHEDULED"]}}},
+            })
+
+        runs = wait_for(scheduled_runs, "a scheduled flow run", serve)
+        times = sorted(run["expected_start_time"] for run in runs)
+        assert all("T03:00:00" in t for t in times), times  # 03:00 UTC, as the cron says
+    finally:
+        serve.send_signal(signal.SIGINT)  # Ctrl-C, as a user stops it
+        try:
+            serve.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            serve.kill()
+        log.close()
+
+
+def test_a_bad_cron_names_the_params_key(tmp_path: Path) -> None:
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["schedule"]["cron"] = "61 3 * * *"
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    proc = subprocess.run([sys.executable, "-m", "flows.schedule", "--params", str(tmp_path / "params.yaml")],
+                          cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 2 and "schedule.cron" in proc.stderr, proc.stderr
