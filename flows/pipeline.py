@@ -15,7 +15,8 @@ from pathlib import Path
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 
-from prefect import flow  # noqa: E402
+from prefect import Task, flow  # noqa: E402
+from prefect.tasks import exponential_backoff  # noqa: E402
 
 from tasks.dvc_stage import StageRun, dvc_command, publish_metrics, run_dvc_stage  # noqa: E402
 
@@ -31,6 +32,20 @@ def pipeline_stages(repo: str = ".") -> list[str]:
     return proc.stdout.split()
 
 
+# Stages that reach the network (official data-set URLs, PyPI wheels): a failed attempt is
+# retried after 10 s, 20 s, 40 s. A rerun is safe: every stage writes atomically, and DVC
+# re-runs a stage whose outputs are missing.
+TRANSIENT_RETRIES: dict[str, int] = {"download": 3}
+
+
+def stage_task(stage: str) -> Task:
+    """The Prefect task for ``stage``, with retries and backoff where failures can be transient."""
+    retries = TRANSIENT_RETRIES.get(stage.split("@")[0], 0)
+    if not retries:
+        return run_dvc_stage
+    return run_dvc_stage.with_options(retries=retries, retry_delay_seconds=exponential_backoff(backoff_factor=10))
+
+
 @flow(name="agent-r1-pipeline", log_prints=False)
 def pipeline(targets: list[str] | None = None, force: bool = False, repo: str = ".") -> list[StageRun]:
     known = pipeline_stages(repo)
@@ -38,7 +53,7 @@ def pipeline(targets: list[str] | None = None, force: bool = False, repo: str = 
     unknown = sorted(set(stages) - set(known))
     if unknown:
         raise ValueError(f"unknown stage(s) {unknown}; dvc.yaml has {known}")
-    runs = [run_dvc_stage(stage, repo=repo, force=force) for stage in stages]
+    runs = [stage_task(stage)(stage, repo=repo, force=force) for stage in stages]
     publish_metrics(repo=repo, runs=runs)
     for r in runs:
         print(f"{r.stage:<12} {'ran' if r.ran else 'cached':<7} {r.seconds:8.1f}s")

@@ -123,3 +123,12 @@ def test_a_bad_cron_names_the_params_key(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "flows.schedule", "--params", str(tmp_path / "params.yaml")],
                           cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 2 and "schedule.cron" in proc.stderr, proc.stderr
+
+
+def test_network_stages_retry_with_backoff_and_others_do_not() -> None:
+    from flows.pipeline import stage_task
+
+    download = stage_task("download")
+    assert download.retries == 3
+    assert list(download.retry_delay_seconds) == [10, 20, 40]
+    assert stage_task("index").retries == 0 and stage_task("train@grpo").retries == 0
