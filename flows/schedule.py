@@ -24,7 +24,7 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 from agent_r1.config import ParamsError, ScheduleConfig, load_params  # noqa: E402
 
 
-def cron_schedule(cfg: ScheduleConfig):
+def cron_schedule(cfg: ScheduleConfig, source: str = "params.yaml"):
     """The Prefect cron schedule; a bad expression names ``schedule.cron``."""
     from prefect.client.schemas.schedules import CronSchedule
     from pydantic import ValidationError
@@ -34,7 +34,8 @@ def cron_schedule(cfg: ScheduleConfig):
     except ValidationError as exc:
         problem = exc.errors()[0]
         field = problem["loc"][0] if problem["loc"] else "cron"
-        raise ParamsError(f"schedule.{field}: {problem['msg']} (got {getattr(cfg, str(field), cfg.cron)!r})") from None
+        got = getattr(cfg, str(field), cfg.cron)
+        raise ParamsError(source, [f"schedule.{field}: {problem['msg']} (got {got!r})"]) from None
 
 
 def flow_parameters(cfg: ScheduleConfig, repo: Path) -> dict:
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = load_params(args.params).schedule
-        schedule = cron_schedule(cfg)
+        schedule = cron_schedule(cfg, args.params)
     except ParamsError as exc:
         print(exc, file=sys.stderr)
         return 2
