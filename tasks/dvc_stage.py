@@ -24,6 +24,9 @@ from prefect.logging import get_run_logger
 _CACHED_MARKERS = ("didn't change, skipping", "is cached - skipping", "Restored stage")
 
 
+_DISTRIBUTED_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
 @dataclass
 class StageRun:
     stage: str
@@ -32,9 +35,11 @@ class StageRun:
     returncode: int
 
 
-def _env() -> dict[str, str]:
+def stage_env() -> dict[str, str]:
     """Stage commands say ``python``: make that the interpreter running this flow."""
-    env = dict(os.environ)
+    # A stage is its own job: it must not join a process group its caller belongs to
+    # (an in-process DeepSpeed user leaves RANK/MASTER_PORT set, and the stage would try to bind that port).
+    env = {k: v for k, v in os.environ.items() if k not in _DISTRIBUTED_VARS}
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
@@ -65,7 +70,7 @@ def run_dvc_stage(stage: str, repo: str = ".", force: bool = False) -> StageRun:
     cmd = [*dvc_command(), "repro", "--single-item", stage] + (["--force"] if force else [])
     logger.info("$ %s", " ".join(cmd[2:]))
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=repo, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, cwd=repo, env=stage_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     lines: list[str] = []
     for text, is_progress in _stream(proc.stdout):
         if is_progress:  # a progress bar redrawing itself: show it live, don't log every frame
@@ -98,7 +103,7 @@ def flatten(prefix: str, obj: object, out: dict[str, object]) -> dict[str, objec
 def read_metrics(repo: str = ".") -> list[dict[str, object]]:
     """Every metrics file DVC tracks in ``repo`` as rows ``{file, metric, value}``."""
     proc = subprocess.run(
-        [*dvc_command(), "metrics", "show", "--json"], cwd=repo, env=_env(), capture_output=True, text=True
+        [*dvc_command(), "metrics", "show", "--json"], cwd=repo, env=stage_env(), capture_output=True, text=True
     )
     if proc.returncode != 0:
         raise RuntimeError(f"dvc metrics show failed: {proc.stderr.strip()}")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tasks.dvc_stage import stage_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,7 +38,7 @@ STAGES = ["download", "prepare", "index", "baselines", "sft", "evaluate_sft", "t
 
 
 def sh(cmd: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+    env = dict(stage_env(), PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     if check and proc.returncode != 0:
         raise AssertionError(f"{cmd} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
