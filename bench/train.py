@@ -607,6 +607,14 @@ def format_ranks(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+
+def ours_and_naive(spec: dict[str, Any], naive_micro_rows: int, cap_kib: int | None) -> tuple[dict, dict]:
+    """One update worker per method on the same spec (plain torch in micro-batches of ``naive_micro_rows``)."""
+    ours = run_worker("update", {**spec, "method": "ours"}, cap_kib=cap_kib)
+    naive = run_worker("update", {**spec, "method": "naive", "micro_rows": naive_micro_rows}, cap_kib=cap_kib)
+    return ours, naive
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", type=Path, default=REPO / "models" / "policy")
@@ -677,12 +685,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_throughput:
         t: dict[str, Any] = {}
         spec = {**base, "mode": "throughput", "rows": args.rows, "reps": args.reps, "warmup_rows": args.warmup_rows}
-        log.info("update throughput, ours: %d rows of %d-%d tokens, warm-up %d rows + %d timed",
-                 args.rows, args.min_len, args.max_len, args.warmup_rows, args.reps)
-        t["ours"] = throughput_row(run_worker("update", {**spec, "method": "ours"}, cap_kib=cap_kib), ceiling)
-        log.info("update throughput, plain torch: micro-batches of %d rows", args.naive_micro_rows)
-        naive_spec = {**spec, "method": "naive", "micro_rows": args.naive_micro_rows}
-        t["naive"] = throughput_row(run_worker("update", naive_spec, cap_kib=cap_kib), ceiling)
+        log.info("update throughput: %d rows of %d-%d tokens, warm-up %d rows + %d timed; plain torch in "
+                 "micro-batches of %d rows", args.rows, args.min_len, args.max_len, args.warmup_rows, args.reps,
+                 args.naive_micro_rows)
+        ours, naive = ours_and_naive(spec, args.naive_micro_rows, cap_kib)
+        t["ours"], t["naive"] = throughput_row(ours, ceiling), throughput_row(naive, ceiling)
         if "tokens_per_s" in t["ours"] and "tokens_per_s" in t["naive"]:
             t["speedup_tokens_per_s"] = t["ours"]["tokens_per_s"] / t["naive"]["tokens_per_s"]
         failed |= any("error" in t[k] for k in ("ours", "naive"))
@@ -695,10 +702,8 @@ def main(argv: list[str] | None = None) -> int:
         for n in args.mem_batches:
             row: dict[str, Any] = {"rows": n}
             spec = {**base, "mode": "memory", "rows": n, "reps": 1, "warmup_rows": 0}
-            log.info("memory, ours: one update of %d rows", n)
-            row["ours"] = run_worker("update", {**spec, "method": "ours"}, cap_kib=cap_kib)
-            log.info("memory, plain torch full batch: one update of %d rows", n)
-            row["naive"] = run_worker("update", {**spec, "method": "naive", "micro_rows": n}, cap_kib=cap_kib)
+            log.info("memory: one update of %d rows, ours vs plain torch on the full batch", n)
+            row["ours"], row["naive"] = ours_and_naive(spec, n, cap_kib)
             for key, name in (("ru_maxrss_mib", "ratio_ru_maxrss"), ("update_peak_above_loaded_mib", "ratio_update_peak")):
                 o, nv = row["ours"].get(key), row["naive"].get(key)
                 if o and nv:

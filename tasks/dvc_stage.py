@@ -24,7 +24,7 @@ from prefect.logging import get_run_logger
 _CACHED_MARKERS = ("didn't change, skipping", "is cached - skipping", "Restored stage")
 
 
-_DISTRIBUTED_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")
+DISTRIBUTED_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 @dataclass
@@ -39,7 +39,7 @@ def stage_env() -> dict[str, str]:
     """Stage commands say ``python``: make that the interpreter running this flow."""
     # A stage is its own job: it must not join a process group its caller belongs to
     # (an in-process DeepSpeed user leaves RANK/MASTER_PORT set, and the stage would try to bind that port).
-    env = {k: v for k, v in os.environ.items() if k not in _DISTRIBUTED_VARS}
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARS}
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from agent_r1.training.distributed import free_port
+from tasks.dvc_stage import DISTRIBUTED_VARS
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "scripts" / "train_tiny.py"
@@ -28,7 +29,7 @@ LR = 1e-2  # train_tiny's learning rate: tolerances below are fractions of one A
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARS}
     return {**env, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
 

@@ -193,6 +193,7 @@ def test_train_rl_on_two_ranks(stage: int, world, tiny_policy: Path, tmp_path: P
     import sys
 
     from agent_r1.training.distributed import free_port
+    from tasks.dvc_stage import DISTRIBUTED_VARS
 
     questions, index_dir = world
     qfile = tmp_path / "questions.parquet"
@@ -205,7 +206,7 @@ def test_train_rl_on_two_ranks(stage: int, world, tiny_policy: Path, tmp_path: P
         str(root / "tests/scripts/rl_ranks.py"), "--params", str(pfile), "--policy", str(tiny_policy),
         "--index", str(index_dir), "--questions", str(qfile), "--out", str(tmp_path / "run"),
     ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARS}
     env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONPATH=str(root))
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]

@@ -14,13 +14,15 @@ from pathlib import Path
 
 import pytest
 
+from tasks.dvc_stage import DISTRIBUTED_VARS
+
 pytest.importorskip("vllm")
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_vllm_engine_logprobs_stops_and_in_memory_weight_sync() -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARS}
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "tests/isolated/check_vllm_engine.py")],
         cwd=ROOT, env=env, capture_output=True, text=True,
