@@ -65,12 +65,27 @@ class GenerationEngine(ABC):
         raise NotImplementedError(f"{type(self).__name__} does not support update_weights")
 
 
-def _per_prompt(max_new_tokens: list[int] | int, n: int) -> list[int]:
+def check_generate_args(
+    prompts: list[list[int]], max_new_tokens: list[int] | int, temperature: float, top_p: float
+) -> tuple[list[int], list[int]]:
+    """Validate ``generate``'s arguments (shared by every engine).
+
+    Returns (per-prompt token limits, indices of the prompts that generate at all).
+    """
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
+    n = len(prompts)
     if isinstance(max_new_tokens, int):
-        return [max_new_tokens] * n
-    if len(max_new_tokens) != n:
+        limits = [max_new_tokens] * n
+    elif len(max_new_tokens) != n:
         raise ValueError(f"max_new_tokens has {len(max_new_tokens)} entries for {n} prompts")
-    return list(max_new_tokens)
+    else:
+        limits = list(max_new_tokens)
+    rows = [i for i, limit in enumerate(limits) if limit > 0]
+    for i in rows:
+        if not prompts[i]:
+            raise ValueError(f"prompt {i} is empty")
+    return limits, rows
 
 
 def sample_tokens(
@@ -229,14 +244,9 @@ class TransformersEngine(GenerationEngine):
     ) -> list[GenerationOutput]:
         from transformers import DynamicCache
 
-        if temperature < 0 or not 0 < top_p <= 1:
-            raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
-        limits = _per_prompt(max_new_tokens, len(prompts))
+        limits, rows = check_generate_args(prompts, max_new_tokens, temperature, top_p)
         outs = [GenerationOutput([], [], "length") for _ in prompts]
-        rows = [i for i, n in enumerate(limits) if n > 0]  # prompt index of each cache row
-        for i in rows:
-            if not prompts[i]:
-                raise ValueError(f"prompt {i} is empty")
+        # rows: the prompt index of each cache row
         if not rows:
             return outs
         gen = torch.Generator(device=self.device)

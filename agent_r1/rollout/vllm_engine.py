@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from agent_r1.rollout.engine import GenerationEngine, GenerationOutput, StopChecker, _per_prompt
+from agent_r1.rollout.engine import GenerationEngine, GenerationOutput, StopChecker, check_generate_args
 
 log = logging.getLogger(__name__)
 
@@ -155,14 +155,8 @@ class VLLMEngine(GenerationEngine):
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        if temperature < 0 or not 0 < top_p <= 1:
-            raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
-        limits = _per_prompt(max_new_tokens, len(prompts))
+        limits, rows = check_generate_args(prompts, max_new_tokens, temperature, top_p)
         outs = [GenerationOutput([], [], "length") for _ in prompts]
-        rows = [i for i, n in enumerate(limits) if n > 0]
-        for i in rows:
-            if not prompts[i]:
-                raise ValueError(f"prompt {i} is empty")
         if not rows:
             return outs
         seeds = random.Random(seed) if seed is not None else None
