@@ -6,8 +6,10 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
-from agent_r1.config import Params, ParamsError, load_params
+from agent_r1 import paths
+from agent_r1.config import Params, ParamsError, load_params, with_presets
 
 
 def run_stage(
@@ -25,16 +27,26 @@ def run_stage(
     """
     parser = argparse.ArgumentParser(prog=f"agent_r1.stages.{name}")
     parser.add_argument("--params", default="params.yaml")
+    parser.add_argument(
+        "--presets", default=None,
+        help="a presets file (paper/presets.yaml): its experiments replace params.yaml's, "
+        "and their outputs go under the file's folder",
+    )
     if experiment_arg:
         parser.add_argument("--experiment", required=True, help="a key of `experiments` in params.yaml")
+    # the deepspeed launcher passes each rank --local_rank (train.num_procs > 1); LOCAL_RANK says the same
+    parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s [{name}] %(levelname)s %(message)s", datefmt="%H:%M:%S"
     )
     try:
         params = load_params(args.params)
+        if args.presets is not None:
+            params = with_presets(params, args.presets)
+            paths.set_experiment_root(Path(args.presets).parent)
         if experiment_arg and args.experiment not in (*params.experiments, *extra_experiments):
-            raise ParamsError(args.params, [f"experiments.{args.experiment}: no such experiment"])
+            raise ParamsError(args.presets or args.params, [f"experiments.{args.experiment}: no such experiment"])
     except ParamsError as exc:
         print(exc, file=sys.stderr)
         sys.exit(2)

@@ -21,13 +21,14 @@ from agent_r1.stages.common import run_stage
 log = logging.getLogger(__name__)
 
 
-def relaunch_under_deepspeed(num_procs: int, experiment: str) -> None:
+def relaunch_under_deepspeed(num_procs: int) -> None:
+    """Run this stage again, with the same arguments (--experiment, --presets...), as ``num_procs`` ranks."""
     from agent_r1.training.distributed import free_port
 
     launcher = Path(sys.executable).parent / "deepspeed"
     cmd = [
         str(launcher), "--num_accelerators", str(num_procs), "--master_port", str(free_port()),
-        str(Path(__file__).resolve()), "--experiment", experiment,
+        str(Path(__file__).resolve()), *sys.argv[1:],
     ]
     log.info("launching %d ranks: %s", num_procs, " ".join(cmd))
     sys.exit(subprocess.call(cmd))
@@ -39,7 +40,7 @@ def train(params: Params, experiment: str) -> None:
     exp = params.experiments[experiment]
     p = experiment_params(params, experiment)
     if p.train.num_procs > 1 and "LOCAL_RANK" not in os.environ:
-        relaunch_under_deepspeed(p.train.num_procs, experiment)
+        relaunch_under_deepspeed(p.train.num_procs)
 
     from agent_r1.evaluation.evaluate import select_questions
     from agent_r1.training.distributed import is_rank0
