@@ -546,3 +546,47 @@ def test_unreachable_url_names_url_and_mirror_setting(tmp_path: Path) -> None:
         download_official("hotpotqa", RealDataConfig(url=url, timeout_s=5), tmp_path / "raw")
     assert f"could not download {url}" in str(err.value) and "data.real.url" in str(err.value)
     assert list((tmp_path / "raw").iterdir()) == []
+
+
+def test_several_sources_download_and_prepare_together(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The paper's set-up: HotpotQA + 2Wiki in-domain (split train/test), MuSiQue test-only;
+    the download and prepare stages over file:// mirrors, in a project folder of their own."""
+    from agent_r1 import paths
+    from agent_r1.config import parse_params
+    from agent_r1.stages.download import download_data
+    from agent_r1.stages.prepare import load_source
+
+    shared = ["Maheen Khan", ["Maheen Khan is a Pakistani fashion designer."]]  # in 2Wiki too: kept once
+    hotpot = [dict(HOTPOT[0], context=[*HOTPOT[0]["context"], shared]), HOTPOT[1]]
+    files = {
+        "hotpotqa": _write_json(tmp_path / "hotpot.json", hotpot),
+        "2wikimultihopqa": _write_json(tmp_path / "2wiki.json", TWOWIKI),
+        "musique": _write_jsonl(tmp_path / "musique.jsonl", MUSIQUE),
+    }
+    params = parse_params({"data": {
+        "source": ["hotpotqa", "2wikimultihopqa"], "test_only": ["musique"], "seed": 0,
+        "real": {"test_fraction": 0.5, "mirrors": {s: {"url": f.as_uri()} for s, f in files.items()}},
+    }})
+    project = tmp_path / "project"
+    project.mkdir()
+    monkeypatch.chdir(project)
+    download_data(params)
+    manifest = json.loads(paths.RAW_SOURCE.read_text())
+    assert manifest["test_only"] == ["musique"]
+    assert set(manifest["sources"]) == {"hotpotqa", "2wikimultihopqa", "musique"}
+    for rel in manifest["sources"].values():
+        assert (paths.RAW_DIR / rel).exists()
+
+    questions, corpus = load_source(params)
+    by = questions.groupby(["source", "split"]).size().to_dict()
+    assert by[("musique", "test")] == 2 and ("musique", "train") not in by  # unanswerable skipped, all test
+    for source in ("hotpotqa", "2wikimultihopqa"):  # two questions each, split both ways (test_fraction 0.5)
+        assert by.get((source, "train"), 0) + by.get((source, "test"), 0) == 2
+        assert by.get((source, "train"), 0) >= 1 and by.get((source, "test"), 0) >= 1
+    assert (corpus["title"] == "Maheen Khan").sum() == 1
+    assert not corpus.duplicated(["title", "text"]).any() and corpus["doc_id"].is_unique
+
+    # data/raw from another set of sources is refused, naming the fix
+    other = parse_params({"data": {"source": "hotpotqa", "real": {"url": files["hotpotqa"].as_uri()}}})
+    with pytest.raises(ValueError, match="run the download stage"):
+        load_source(other)

