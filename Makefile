@@ -8,7 +8,7 @@ PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: run test test-slow venv bench lock clean-venv
+.PHONY: run paper test test-slow venv bench lock clean-venv
 
 $(STAMP): pyproject.toml requirements.lock requirements-vllm.lock
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -21,6 +21,9 @@ venv: $(STAMP)
 
 run: $(STAMP)  ## the default pipeline as a Prefect flow over the DVC stages
 	$(PY) -m flows.pipeline
+
+paper: $(STAMP)  ## the default pipeline, then every preset of paper/presets.yaml (Tables 3 and 4)
+	$(PY) -m flows.pipeline --paper
 
 test: $(STAMP)  ## fast tests (CI)
 	$(PY) -m pytest

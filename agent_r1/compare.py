@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +41,8 @@ class Row:
 
 
 def _dvc_json(args: Sequence[str], repo: Path) -> dict:
-    proc = subprocess.run(["dvc", *args, "--json"], cwd=repo, capture_output=True, text=True)
+    # this interpreter's DVC: the one the pipeline ran with, whether or not the venv is on PATH
+    proc = subprocess.run([sys.executable, "-m", "dvc", *args, "--json"], cwd=repo, capture_output=True, text=True)
     if proc.returncode != 0:
         raise CompareError(f"`dvc {' '.join(args)}` failed: {(proc.stderr or proc.stdout).strip()}")
     out = proc.stdout.strip()

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 DEFAULT_PARAMS = Path("params.yaml")
 
 DataSource = Literal["synthetic", "hotpotqa", "2wikimultihopqa", "musique"]
+RealSource = Literal["hotpotqa", "2wikimultihopqa", "musique"]
 REAL_SOURCES: tuple[str, ...] = ("hotpotqa", "2wikimultihopqa", "musique")
 
 
@@ -48,24 +49,97 @@ class SyntheticConfig(_Strict):
     )
 
 
+_SHA256 = r"^[0-9a-f]{64}$"
+
+
+class MirrorConfig(_Strict):
+    """Where to fetch one real source instead of its official URL."""
+
+    url: str = Field(..., description="mirror or file:// path")
+    sha256: str | None = Field(None, pattern=_SHA256, description="expected sha256; checked when set")
+
+
 class RealDataConfig(_Strict):
     """Download and size limits for HotpotQA / 2WikiMultihopQA / MuSiQue."""
 
-    url: str | None = Field(None, description="override the official URL (mirror or file://)")
+    url: str | None = Field(None, description="override the official URL (mirror or file://); one source only")
     sha256: str | None = Field(
-        None, pattern=r"^[0-9a-f]{64}$", description="expected sha256 of the download; checked when set"
+        None, pattern=_SHA256, description="expected sha256 of the download; checked when set"
+    )
+    mirrors: dict[RealSource, MirrorConfig] = Field(
+        default_factory=dict, description="per-source url/sha256 when several sources are downloaded"
     )
     split: Literal["train", "dev"] = "dev"
+    splits: dict[RealSource, Literal["train", "dev"]] = Field(
+        default_factory=dict, description="per-source official file, overriding `split` (e.g. musique: dev)"
+    )
     max_questions: int | None = Field(None, ge=1, description="keep the first N questions (None = all)")
     test_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="share of questions held out as test")
     timeout_s: float = Field(60.0, gt=0.0)
 
 
 class DataConfig(_Strict):
-    source: DataSource = "synthetic"
+    source: DataSource | list[RealSource] = Field(
+        "synthetic", description="one source, or a list of real sources trained (and tested) on together"
+    )
+    test_only: list[RealSource] = Field(
+        default_factory=list, description="real sources whose questions are all test questions (out-of-domain)"
+    )
     seed: int = 0
     synthetic: SyntheticConfig = SyntheticConfig()
     real: RealDataConfig = RealDataConfig()
+
+    @field_validator("source", mode="before")
+    @classmethod
+    def _known_source(cls, v: Any) -> Any:
+        # one message for the union (pydantic would report each arm of it)
+        if isinstance(v, str) and v not in ("synthetic", *REAL_SOURCES):
+            raise ValueError(f"must be one of 'synthetic', {', '.join(map(repr, REAL_SOURCES))}, or a list of the real ones; got {v!r}")
+        if isinstance(v, list) and (bad := [x for x in v if x not in REAL_SOURCES]):
+            raise ValueError(f"a list holds real sources only ({', '.join(REAL_SOURCES)}); got {bad}")
+        return v
+
+    @property
+    def train_sources(self) -> list[str]:
+        """The in-domain sources: split into train and test questions."""
+        return [self.source] if isinstance(self.source, str) else list(self.source)
+
+    @property
+    def real_sources(self) -> list[str]:
+        """Every real source to download, in-domain first; [] for the synthetic world."""
+        return [] if self.source == "synthetic" else [*self.train_sources, *self.test_only]
+
+    def real_for(self, source: str) -> RealDataConfig:
+        """``real`` as it applies to ``source``: its mirror's url/sha256 when it has one."""
+        update: dict[str, Any] = {"mirrors": {}, "splits": {}, "split": self.real.splits.get(source, self.real.split)}
+        if (mirror := self.real.mirrors.get(source)) is not None:
+            update |= {"url": mirror.url, "sha256": mirror.sha256}
+        return self.real.model_copy(update=update)
+
+    @model_validator(mode="after")
+    def _sources(self) -> "DataConfig":
+        train = self.train_sources
+        if not train:
+            raise ValueError("data.source: an empty list; name at least one source")
+        for name, values in (("data.source", train), ("data.test_only", self.test_only)):
+            if len(set(values)) != len(values):
+                raise ValueError(f"{name}: lists a source twice: {values}")
+        if self.source == "synthetic":
+            if self.test_only:
+                raise ValueError("data.test_only: needs real sources in data.source (the synthetic world has its own)")
+            if self.real.url is not None:
+                raise ValueError("data.real.url is set but data.source is 'synthetic'")
+        if both := sorted(set(train) & set(self.test_only)):
+            raise ValueError(f"data.test_only: {both} also in data.source; a source is either in-domain or not")
+        real = self.real_sources
+        if (self.real.url is not None or self.real.sha256 is not None) and len(real) > 1:
+            raise ValueError(
+                f"data.real.url/sha256 apply to one source, but {real} are downloaded; use data.real.mirrors.SOURCE"
+            )
+        for key in ("mirrors", "splits"):
+            if stray := sorted(set(getattr(self.real, key)) - set(real)):
+                raise ValueError(f"data.real.{key}: {stray} not downloaded (data.source / data.test_only)")
+        return self
 
 
 # ---------------------------------------------------------------------- model
@@ -227,6 +301,13 @@ class ExperimentConfig(_Strict):
 
     init: Literal["sft", "base"] = Field("sft", description="start from the warm start or the base model")
     overrides: dict[str, Any] = Field(default_factory=dict, description="nested params groups to override")
+    label: str | None = Field(None, description="row name in the report (default: the experiment's key)")
+    ablation_of: str | None = Field(
+        None, description="the experiment this one ablates: the report's ablation table shows the EM delta"
+    )
+    paper_em: float | None = Field(
+        None, ge=0.0, le=1.0, description="Agent-R1's average EM for this row (Tables 3/4), shown beside ours"
+    )
 
 
 # ----------------------------------------------------------------------- eval
@@ -234,7 +315,7 @@ class EvalConfig(_Strict):
     """Greedy held-out evaluation (baselines, evaluate, report)."""
 
     questions_per_source: int | None = Field(
-        100, ge=1, description="seeded sample of test questions per source; None = all"
+        75, ge=1, description="seeded sample of test questions per source; None = all"
     )
     seed: int = 0
     naive_rag_max_new_tokens: int = Field(48, ge=1)
@@ -282,14 +363,17 @@ class Params(_Strict):
                 raise ValueError(f"experiments.{name}: names must be lowercase letters, digits, '_' or '-'")
             if "experiments" in exp.overrides:
                 raise ValueError(f"experiments.{name}.overrides: may not contain 'experiments'")
+            if exp.ablation_of is not None and exp.ablation_of not in self.experiments:
+                raise ValueError(
+                    f"experiments.{name}.ablation_of: {exp.ablation_of!r} is not an experiment here "
+                    f"({sorted(self.experiments)})"
+                )
             merged = experiment_params(self, name)
             if exp.init == "sft" and merged.env.one_shot != self.sft.one_shot:
                 raise ValueError(
                     f"experiments.{name}: starts from the warm start, which was trained with env.one_shot="
                     f"{self.sft.one_shot}; set experiments.{name}.overrides.env.one_shot to match"
                 )
-        if self.data.source == "synthetic" and self.data.real.url is not None:
-            raise ValueError("data.real.url is set but data.source is 'synthetic'")
         if self.rollout.max_new_tokens >= self.rollout.max_total_tokens:
             raise ValueError("rollout.max_new_tokens must be smaller than rollout.max_total_tokens")
         return self
@@ -345,7 +429,7 @@ def _describe(err: dict[str, Any]) -> str:
     if kind == "literal_error":
         return f"{key}: must be one of {ctx.get('expected')}, got {got!r}"
     msg = err["msg"].removeprefix("Value error, ")
-    if kind == "value_error" and not err["loc"]:
+    if kind == "value_error" and (not err["loc"] or msg.startswith(f"{key}.")):
         return msg  # cross-field checks name their keys themselves
     return f"{key}: {msg}, got {got!r}" if "input" in err and kind != "value_error" else f"{key}: {msg}"
 
@@ -362,17 +446,33 @@ def parse_params(raw: Any, source: str = "<params>") -> Params:
         raise ParamsError(source, [_describe(e) for e in exc.errors()]) from None
 
 
-def load_params(path: str | Path = DEFAULT_PARAMS) -> Params:
-    """Read and validate a params file (YAML). Errors name the file and each key."""
-    path = Path(path)
+def with_presets(params: Params, path: str | Path) -> Params:
+    """``params`` with its ``experiments`` replaced by the ``experiments`` of a presets file.
+
+    A presets file (paper/presets.yaml) holds named experiments only; everything else is
+    shared with params.yaml. Errors name the presets file and the key.
+    """
+    raw = _read_yaml(Path(path))
+    if not isinstance(raw, dict) or set(raw) != {"experiments"} or not isinstance(raw["experiments"], dict):
+        raise ParamsError(str(path), ["<root>: a presets file holds exactly one key, `experiments` (a mapping)"])
+    merged = params.model_dump()
+    merged["experiments"] = raw["experiments"]
+    return parse_params(merged, str(path))
+
+
+def _read_yaml(path: Path) -> Any:
     try:
         text = path.read_text()
     except FileNotFoundError:
         raise ParamsError(str(path), ["file not found"]) from None
     try:
-        raw = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "?"
         raise ParamsError(str(path), [f"<yaml> {where}: {getattr(exc, 'problem', exc)}"]) from None
-    return parse_params(raw, str(path))
+
+
+def load_params(path: str | Path = DEFAULT_PARAMS) -> Params:
+    """Read and validate a params file (YAML). Errors name the file and each key."""
+    return parse_params(_read_yaml(Path(path)), str(path))

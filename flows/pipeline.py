@@ -2,6 +2,7 @@
 
     python -m flows.pipeline                 # every stage (cached ones are skipped by DVC)
     python -m flows.pipeline index --force   # one stage, forced
+    python -m flows.pipeline --paper         # then every preset of paper/presets.yaml (`make paper`)
 """
 
 from __future__ import annotations
@@ -18,14 +19,18 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 from prefect import Task, flow  # noqa: E402
 from prefect.tasks import exponential_backoff  # noqa: E402
 
-from tasks.dvc_stage import StageRun, dvc_command, publish_metrics, run_dvc_stage  # noqa: E402
+from tasks.dvc_stage import StageRun, dvc_command, publish_metrics, publish_reports, run_dvc_stage  # noqa: E402
 
 
-def pipeline_stages(repo: str = ".") -> list[str]:
-    """Stage names (foreach stages expanded, e.g. ``train@grpo``) in dvc.yaml order,
-    which is topological by construction."""
+PAPER_DVCFILE = "paper/dvc.yaml"  # the paper's presets: a pipeline of its own (`make paper`)
+
+
+def pipeline_stages(repo: str = ".", dvcfile: str = "dvc.yaml") -> list[str]:
+    """Stage names (foreach stages expanded, e.g. ``train@grpo``) in ``dvcfile`` order,
+    which is topological by construction. Stages of another file than the root
+    dvc.yaml are named ``path/dvc.yaml:stage``, as `dvc repro` takes them."""
     proc = subprocess.run(
-        [*dvc_command(), "stage", "list", "--name-only", "--fail"], cwd=repo, capture_output=True, text=True
+        [*dvc_command(), "stage", "list", dvcfile, "--name-only", "--fail"], cwd=repo, capture_output=True, text=True
     )
     if proc.returncode != 0:
         raise RuntimeError(f"dvc stage list failed in {Path(repo).resolve()}: {proc.stderr.strip()}")
@@ -40,23 +45,30 @@ TRANSIENT_RETRIES: dict[str, int] = {"download": 3}
 
 def stage_task(stage: str) -> Task:
     """The Prefect task for ``stage``, with retries and backoff where failures can be transient."""
-    retries = TRANSIENT_RETRIES.get(stage.split("@")[0], 0)
+    retries = TRANSIENT_RETRIES.get(stage.split(":")[-1].split("@")[0], 0)
     if not retries:
         return run_dvc_stage
     return run_dvc_stage.with_options(retries=retries, retry_delay_seconds=exponential_backoff(backoff_factor=10))
 
 
 @flow(name="agent-r1-pipeline", log_prints=False)
-def pipeline(targets: list[str] | None = None, force: bool = False, repo: str = ".") -> list[StageRun]:
+def pipeline(
+    targets: list[str] | None = None, force: bool = False, repo: str = ".", paper: bool = False
+) -> list[StageRun]:
+    """Run ``targets`` (default: every stage; with ``paper``, then every paper preset)
+    and publish the stage summary, the metrics and the report(s) as artifacts."""
     known = pipeline_stages(repo)
+    if paper:
+        known += pipeline_stages(repo, PAPER_DVCFILE)
     stages = targets or known
     unknown = sorted(set(stages) - set(known))
     if unknown:
-        raise ValueError(f"unknown stage(s) {unknown}; dvc.yaml has {known}")
+        raise ValueError(f"unknown stage(s) {unknown}; known stages: {known}")
     runs = [stage_task(stage)(stage, repo=repo, force=force) for stage in stages]
     publish_metrics(repo=repo, runs=runs)
+    publish_reports(repo=repo)
     for r in runs:
-        print(f"{r.stage:<12} {'ran' if r.ran else 'cached':<7} {r.seconds:8.1f}s")
+        print(f"{r.stage:<40} {'ran' if r.ran else 'cached':<7} {r.seconds:8.1f}s")
     return runs
 
 
@@ -65,8 +77,9 @@ def main() -> None:
     parser.add_argument("targets", nargs="*", help="stage names (default: all)")
     parser.add_argument("--force", action="store_true", help="re-run even if DVC says up to date")
     parser.add_argument("--repo", default=".")
+    parser.add_argument("--paper", action="store_true", help=f"also run {PAPER_DVCFILE} (the paper's presets)")
     args = parser.parse_args()
-    pipeline(targets=args.targets or None, force=args.force, repo=args.repo)
+    pipeline(targets=args.targets or None, force=args.force, repo=args.repo, paper=args.paper)
 
 
 if __name__ == "__main__":

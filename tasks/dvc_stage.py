@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -17,7 +18,12 @@ from pathlib import Path
 from typing import IO
 
 from prefect import task
-from prefect.artifacts import create_table_artifact
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 from prefect.logging import get_run_logger
 
 # Phrases `dvc repro` prints for a stage it did not run.
@@ -63,16 +69,67 @@ def _stream(pipe: IO[bytes]) -> Iterator[tuple[str, bool]]:
         yield buf.decode(errors="replace"), False
 
 
+class TrainProgress:
+    """A Prefect progress artifact that follows a training stage: the share of RL steps
+    done, read from the step dvclive writes after each one."""
+
+    POLL_S = 2.0
+
+    def __init__(self, live_metrics: Path, total_steps: int, key: str):
+        self.live_metrics, self.total_steps = live_metrics, total_steps
+        self.started = time.time()  # an older metrics.json (persisted from the last run) says nothing
+        self.last_poll = 0.0
+        self.artifact = create_progress_artifact(0.0, key=key, description=f"{key}: RL steps done")
+
+    @classmethod
+    def for_stage(cls, stage: str, repo: str = ".") -> TrainProgress | None:
+        """None unless ``stage`` trains: ``train@NAME``, or ``<dir>/dvc.yaml:run@NAME`` for a
+        preset of ``<dir>/presets.yaml``."""
+        from agent_r1.config import experiment_params, load_params, with_presets
+
+        dvcfile, _, name = stage.rpartition(":")
+        kind, _, experiment = name.partition("@")
+        if kind not in ("train", "run") or not experiment:
+            return None
+        root = Path(repo) / Path(dvcfile).parent if dvcfile else Path(repo)
+        params = load_params(Path(repo) / "params.yaml")
+        if dvcfile:
+            params = with_presets(params, root / "presets.yaml")
+        steps = experiment_params(params, experiment).train.steps
+        key = re.sub(r"[^a-z0-9-]+", "-", f"progress-{name}".lower()).strip("-")
+        return cls(root / "dvclive" / experiment / "metrics.json", steps, key)
+
+    def steps_done(self) -> int:
+        try:
+            if self.live_metrics.stat().st_mtime < self.started:
+                return 0
+            return int(json.loads(self.live_metrics.read_text())["step"]) + 1
+        except (OSError, ValueError, KeyError):
+            return 0  # not written yet, or caught mid-write
+
+    def poll(self, final: bool = False) -> None:
+        now = time.monotonic()
+        if not final and now - self.last_poll < self.POLL_S:
+            return
+        self.last_poll = now
+        done = self.total_steps if final else min(self.steps_done(), self.total_steps)
+        update_progress_artifact(self.artifact, 100.0 * done / max(self.total_steps, 1))
+
+
 @task(name="dvc-stage", task_run_name="{stage}")
 def run_dvc_stage(stage: str, repo: str = ".", force: bool = False) -> StageRun:
-    """``dvc repro --single-item STAGE``, streaming its log; report ran vs cached."""
+    """``dvc repro --single-item STAGE``, streaming its log; report ran vs cached.
+    A train stage also keeps a progress artifact up to date."""
     logger = get_run_logger()
     cmd = [*dvc_command(), "repro", "--single-item", stage] + (["--force"] if force else [])
     logger.info("$ %s", " ".join(cmd[2:]))
     start = time.monotonic()
+    progress = TrainProgress.for_stage(stage, repo)
     proc = subprocess.Popen(cmd, cwd=repo, env=stage_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     lines: list[str] = []
     for text, is_progress in _stream(proc.stdout):
+        if progress is not None:
+            progress.poll()
         if is_progress:  # a progress bar redrawing itself: show it live, don't log every frame
             sys.stderr.write("\r" + text[:160])
             sys.stderr.flush()
@@ -86,6 +143,8 @@ def run_dvc_stage(stage: str, repo: str = ".", force: bool = False) -> StageRun:
     if rc != 0:
         tail = "\n".join(lines[-40:])
         raise RuntimeError(f"stage {stage!r} failed (exit {rc}):\n{tail}")
+    if progress is not None:
+        progress.poll(final=True)
     logger.info("stage %s %s in %.1fs", stage, "ran" if result.ran else "was cached", result.seconds)
     return result
 
@@ -128,3 +187,25 @@ def publish_metrics(repo: str = ".", runs: list[StageRun] | None = None) -> list
     if rows:
         create_table_artifact(key="metrics", table=rows, description="Metrics of the DVC pipeline")
     return rows
+
+
+# Report files a flow run publishes as markdown artifacts (when they exist), by artifact key.
+REPORTS = {"report": Path("reports/results.md"), "paper-report": Path("paper/reports/results.md")}
+
+
+@task(name="publish-reports")
+def publish_reports(repo: str = ".") -> list[str]:
+    """Publish each report (markdown) and its EM table (a table artifact, one row per method)."""
+    from agent_r1.evaluation.report import results_rows
+
+    published = []
+    for key, rel in REPORTS.items():
+        md = Path(repo) / rel
+        if not md.exists():
+            continue
+        create_markdown_artifact(md.read_text(), key=key, description=f"{rel} of this run")
+        rows = results_rows(md.parent.parent / "metrics" / "eval", Path(repo) / "metrics" / "eval")
+        if rows:
+            create_table_artifact(table=rows, key=f"{key}-results", description=f"Held-out EM/F1 in {rel}")
+        published.append(key)
+    return published

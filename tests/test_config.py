@@ -94,3 +94,44 @@ def test_stage_rejects_bad_params_before_work(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "retrieval.top_k: must be >= 1, got 0" in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
+
+
+def test_paper_presets_file_is_valid_and_covers_the_paper() -> None:
+    from agent_r1.config import experiment_params, load_params, with_presets
+
+    params = with_presets(load_params(ROOT / "params.yaml"), ROOT / "paper" / "presets.yaml")
+    names = {n: experiment_params(params, n).algorithm for n in params.experiments}
+    assert {a.name for a in names.values()} == {"ppo", "grpo", "reinforce_pp", "reinforce_pp_baseline", "rloo"}
+    assert not names["ppo-no-adv-mask"].advantage_mask and names["ppo-no-adv-mask"].loss_mask
+    assert not names["ppo-no-masks"].advantage_mask and not names["ppo-no-masks"].loss_mask
+    assert not names["grpo-no-loss-mask"].loss_mask and names["grpo-no-loss-mask"].advantage_mask
+    for algo in ("ppo", "grpo", "reinforce_pp", "reinforce_pp_baseline", "rloo"):
+        off = experiment_params(params, f"{algo}-no-process")
+        assert not off.env.reward.process.enabled and off.algorithm.name == algo
+        assert params.experiments[f"{algo}-no-process"].ablation_of == algo
+
+
+def test_presets_file_errors_name_the_file(tmp_path: Path) -> None:
+    from agent_r1.config import with_presets
+
+    bad = tmp_path / "presets.yaml"
+    bad.write_text("experiments:\n  x:\n    overrides: {algorithm: {name: a2c}}\n")
+    with pytest.raises(ParamsError, match=r"presets.yaml(.|\n)*experiments.x.overrides.algorithm.name: must be one of"):
+        with_presets(load_params(ROOT / "params.yaml"), bad)
+    bad.write_text("train: {steps: 3}\n")
+    with pytest.raises(ParamsError, match="holds exactly one key, `experiments`"):
+        with_presets(load_params(ROOT / "params.yaml"), bad)
+
+
+def test_gpu_recipe_is_valid_and_is_the_papers_setup() -> None:
+    from agent_r1.config import experiment_params
+
+    p = load_params(ROOT / "params" / "qwen2.5-3b-hotpotqa.yaml")
+    assert p.model.path == "Qwen/Qwen2.5-3B-Instruct"
+    assert p.data.train_sources == ["hotpotqa", "2wikimultihopqa"] and p.data.test_only == ["musique"]
+    assert p.data.real_for("musique").split == "dev" and p.data.real_for("hotpotqa").split == "train"
+    assert (p.retrieval.index, p.env.format, p.env.max_turns, p.rollout.engine) == ("dense", "tool_call", 5, "vllm")
+    assert (p.train.actor_lr, p.train.critic_lr, p.algorithm.kl_coef, p.rollout.n) == (1e-6, 1e-5, 0.001, 5)
+    assert p.train.bf16 and p.train.num_procs > 1 and p.train.zero_stage in (2, 3) and not p.sft.enabled
+    algos = {experiment_params(p, n).algorithm.name for n in p.experiments}
+    assert algos == {"ppo", "grpo", "reinforce_pp", "reinforce_pp_baseline", "rloo"}

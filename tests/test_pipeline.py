@@ -128,7 +128,7 @@ def test_flow_runs_every_stage_then_reports_all_cached(repo: Path, prefect_harne
         async with get_client() as client:
             return {a.key for a in await client.read_artifacts()}
 
-    assert {"stages", "metrics"} <= asyncio.run(artifact_keys())
+    assert {"stages", "metrics", "report", "report-results", "progress-train-grpo"} <= asyncio.run(artifact_keys())
 
 
 def test_dvc_repro_is_noop_then_top_k_reruns_only_index(repo: Path) -> None:
@@ -174,3 +174,96 @@ def test_bad_params_fail_the_stage_naming_the_key(repo: Path) -> None:
     assert (repo / "data/prepared/train.parquet").exists()
     dvc(repo, "repro", "--single-item", "prepare")
     assert "up to date" in dvc(repo, "status").stdout
+
+
+TINY_PRESETS = {
+    "experiments": {
+        "grpo": {"label": "GRPO", "overrides": {"env": {"one_shot": False}}, "paper_em": 0.3877},
+        "grpo-no-loss-mask": {
+            "label": "GRPO w/o loss mask", "ablation_of": "grpo", "paper_em": 0.3722,
+            # 2 ranks: the stage re-launches itself under the deepspeed launcher, --presets included
+            "overrides": {"env": {"one_shot": False}, "algorithm": {"loss_mask": False}, "train": {"num_procs": 2}},
+        },
+    }
+}
+PAPER_STAGES = ["paper/dvc.yaml:run@grpo", "paper/dvc.yaml:run@grpo-no-loss-mask", "paper/dvc.yaml:report"]
+
+
+def _artifacts() -> dict[str, list]:
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+
+    async def read() -> dict[str, list]:
+        async with get_client() as client:
+            out: dict[str, list] = {}
+            for a in await client.read_artifacts():
+                out.setdefault(a.key, []).append(a)
+            return out
+
+    return asyncio.run(read())
+
+
+def test_paper_presets_run_apart_from_the_default_pipeline(repo: Path, prefect_harness: None) -> None:
+    from flows.pipeline import pipeline
+
+    if not (repo / "dvc.lock").exists():
+        dvc(repo, "repro")
+    (repo / "paper").mkdir(exist_ok=True)
+    shutil.copy(ROOT / "paper" / "dvc.yaml", repo / "paper" / "dvc.yaml")
+    (repo / "paper" / "presets.yaml").write_text(yaml.safe_dump(TINY_PRESETS, sort_keys=False))
+    sh(["git", "add", "-A"], repo)
+    sh(["git", "commit", "-qm", "paper presets"], repo)
+    # `dvc repro` of the default pipeline never trains a preset
+    assert "Running stage" not in dvc(repo, "repro").stdout
+
+    runs = pipeline(repo=str(repo), paper=True)
+    assert [r.stage for r in runs if r.ran] == PAPER_STAGES  # the default stages were all cached
+    for name in ("grpo", "grpo-no-loss-mask"):
+        assert json.loads((repo / f"paper/metrics/eval/{name}.json").read_text())["n"] == 6
+        assert (repo / f"paper/dvclive/{name}/plots/metrics/eval/em.tsv").exists()
+    report = (repo / "paper/reports/results.md").read_text()
+    assert "| SFT warm start (no RL) |" in report and "| GRPO |" in report and "0.3877 |" in report
+    assert "## Ablations (Table 4 shape)" in report and "| GRPO w/o loss mask | GRPO |" in report and "-0.0155 |" in report
+    for png in ("results", "training", "ablations"):
+        assert (repo / f"paper/reports/{png}.png").read_bytes()[:4] == b"\x89PNG"
+    artifacts = _artifacts()
+    assert {"paper-report", "paper-report-results", "report", "report-results"} <= set(artifacts)
+    progress = artifacts["progress-run-grpo-no-loss-mask"]
+    assert progress[-1].data == 100.0
+
+    again = pipeline(repo=str(repo), paper=True)
+    assert not [r.stage for r in again if r.ran]
+
+    # one preset's learning rate changes: only that preset (and the report) re-run
+    presets = yaml.safe_load((repo / "paper/presets.yaml").read_text())
+    presets["experiments"]["grpo-no-loss-mask"]["overrides"]["train"]["actor_lr"] = 2.0e-5
+    (repo / "paper/presets.yaml").write_text(yaml.safe_dump(presets, sort_keys=False))
+    third = pipeline(repo=str(repo), paper=True)
+    assert [r.stage for r in third if r.ran] == ["paper/dvc.yaml:run@grpo-no-loss-mask", "paper/dvc.yaml:report"]
+    sh(["git", "add", "-A"], repo)
+    sh(["git", "commit", "-qm", "paper run"], repo)
+    # what git holds is enough: without the trained policies and checkpoints (a fresh clone
+    # after the default pipeline), the presets already run are up to date
+    shutil.rmtree(repo / "paper/models")
+    shutil.rmtree(repo / "paper/checkpoints")
+    assert "Running stage" not in dvc(repo, "repro", "paper/dvc.yaml").stdout
+
+
+def test_sweep_queues_dvc_experiments_and_tabulates_them(repo: Path, prefect_harness: None) -> None:
+    from flows.sweep import sweep
+
+    if not (repo / "dvc.lock").exists():
+        dvc(repo, "repro")
+    sh(["git", "add", "-A"], repo)
+    sh(["git", "commit", "-qm", "before sweep", "--allow-empty"], repo)
+    rows = sweep({"train.actor_lr": ["2e-5", "5e-6"]}, targets=["evaluate@grpo"], name="lr", repo=str(repo))
+    assert [r["experiment"] for r in rows] == ["HEAD", "lr-0", "lr-1"]
+    assert [r["train.actor_lr"] for r in rows] == ["", "2e-5", "5e-6"]
+    assert all(isinstance(r["grpo.em"], float) for r in rows)
+    shown = dvc(repo, "exp", "show", "--json").stdout
+    assert '"lr-0"' in shown and '"lr-1"' in shown
+    # the experiments' own params, as DVC recorded them
+    diff = json.loads(dvc(repo, "params", "diff", "HEAD", "lr-1", "--json").stdout)
+    assert diff["params.yaml"]["train.actor_lr"]["new"] == 5e-06
+    assert "sweep" in _artifacts()

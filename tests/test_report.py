@@ -77,3 +77,40 @@ def test_training_curves_read_dvclive_files(tmp_path: Path, header: str) -> None
     assert read_curve(d / "reward.tsv") == ([0, 1], [-0.9, 0.25])
     assert training_curves(tmp_path / "dvclive", tmp_path / "t.png") == ["grpo"]
     assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_presets_report_has_paper_column_and_ablation_deltas(tmp_path: Path) -> None:
+    """A presets report: baselines and the warm start from the shared dir, Table 4 deltas hand-checked."""
+    from agent_r1.config import ExperimentConfig
+
+    shared, presets = tmp_path / "metrics" / "eval", tmp_path / "paper" / "eval"
+    shared.mkdir(parents=True)
+    presets.mkdir(parents=True)
+    em = {  # method -> (in-domain EM, out-of-domain EM): averages 0.5, 0.25, 0.75, 0.25
+        "naive_rag": (1, 0), "sft": (0.5, 0), "grpo": (1, 0.5), "grpo-no-loss-mask": (0.5, 0),
+    }
+    for method, (ind, ood) in em.items():
+        rows = [ep("synthetic", ind, ind), ep("synthetic_3hop", ood, ood)]
+        (shared if method in ("naive_rag", "sft") else presets).joinpath(f"{method}.json").write_text(
+            json.dumps(aggregate(rows, method))
+        )
+    (shared / "grpo.json").write_text("{}")  # the default run's own experiment: not part of the presets report
+    experiments = {
+        "grpo": ExperimentConfig(label="GRPO", paper_em=0.3877),
+        "grpo-no-loss-mask": ExperimentConfig(label="GRPO w/o loss mask", ablation_of="grpo", paper_em=0.3722),
+    }
+    md, png, abl = tmp_path / "r" / "results.md", tmp_path / "r" / "results.png", tmp_path / "r" / "ablations.png"
+    text = write_report(presets, ["synthetic"], md, png, baseline_dir=shared, experiments=experiments, ablation_png=abl)
+    assert "| Naive RAG | 1.0000 | 0.0000 | 1.0000 | 0.0000 | 0.5000 | 0.1328 |" in text
+    assert "| SFT warm start (no RL) | 0.5000 | 0.0000 | 0.5000 | 0.0000 | 0.2500 | – |" in text
+    assert "| GRPO | 1.0000 | 0.5000 | 1.0000 | 0.5000 | 0.7500 | 0.3877 |" in text
+    # Table 4: 0.25 - 0.75 = -0.5 ours; 0.3722 - 0.3877 = -0.0155 in the paper
+    assert "| GRPO w/o loss mask | GRPO | 0.2500 | 0.7500 | -0.5000 | -0.0155 |" in text
+    assert abl.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_ablation_of_must_name_an_experiment() -> None:
+    from agent_r1.config import ParamsError, parse_params
+
+    with pytest.raises(ParamsError, match="experiments.b.ablation_of: 'a' is not an experiment here"):
+        parse_params({"experiments": {"b": {"ablation_of": "a", "overrides": {"env": {"one_shot": False}}}}})

@@ -1,7 +1,10 @@
 """``reports/results.md``: a table shaped like the paper's Table 3 (methods x
-data sources, EM, with in-domain / out-of-domain averages) and a bar chart.
+data sources, EM, with in-domain / out-of-domain averages) and a bar chart;
+for a presets file (paper/presets.yaml) also Table 4: each ablation's EM delta
+against the run it ablates, beside the paper's.
 
-Every number comes from a ``metrics/eval/<method>.json`` that DVC tracks.
+Every number comes from a ``metrics/eval/<method>.json`` that DVC tracks (the
+paper's own numbers come from the presets file and PAPER_BASELINE_EM).
 """
 
 from __future__ import annotations
@@ -12,26 +15,59 @@ from typing import Any
 
 from agent_r1.io import atomic_path, write_text
 
-DISPLAY = {"naive_rag": "Naive RAG", "base_tool_call": "Base Tool Call"}
-BASELINE_ORDER = ("naive_rag", "base_tool_call")
+DISPLAY = {"naive_rag": "Naive RAG", "base_tool_call": "Base Tool Call", "sft": "SFT warm start (no RL)"}
+BASELINE_ORDER = ("naive_rag", "base_tool_call", "sft")
+# Agent-R1 Table 3, average EM of the rows that are not presets (Qwen2.5-3B-Instruct).
+PAPER_BASELINE_EM = {"naive_rag": 0.1328, "base_tool_call": 0.0847}
 
 
-def load_results(eval_dir: Path) -> dict[str, dict[str, Any]]:
+def load_results(eval_dir: Path, baseline_dir: Path | None = None) -> dict[str, dict[str, Any]]:
+    """``{method: metrics}``: baselines and the warm start first, then the experiments (by name).
+
+    With ``baseline_dir`` (a presets report), the baselines and the warm start come from
+    there and only the experiments from ``eval_dir``.
+    """
     results = {p.stem: json.loads(p.read_text()) for p in sorted(eval_dir.glob("*.json"))}
+    if baseline_dir is not None and baseline_dir.resolve() != eval_dir.resolve():
+        shared = {m: baseline_dir / f"{m}.json" for m in BASELINE_ORDER}
+        results.update({m: json.loads(f.read_text()) for m, f in shared.items() if f.exists()})
     order = [m for m in BASELINE_ORDER if m in results] + sorted(set(results) - set(BASELINE_ORDER))
     return {m: results[m] for m in order}
+
+
+def results_rows(eval_dir: Path, baseline_dir: Path | None = None) -> list[dict[str, Any]]:
+    """One flat row per method (EM and F1, overall and per source): the flow's table artifact."""
+    rows = []
+    for method, r in load_results(eval_dir, baseline_dir).items() if eval_dir.is_dir() else ():
+        row: dict[str, Any] = {"method": method, "n": r["n"], "em": r["em"], "f1": r["f1"]}
+        for source, by in sorted(r.get("by_source", {}).items()):
+            row[f"em_{source}"] = by["em"]
+        rows.append(row)
+    return rows
 
 
 def _avg(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def average(r: dict[str, Any], metric: str = "em") -> float:
+    """The table's "Avg": the mean over data sources (as the paper averages its data sets)."""
+    return _avg([by[metric] for by in r["by_source"].values()]) or 0.0
+
+
 def results_table(
-    results: dict[str, dict[str, Any]], in_domain: list[str], metric: str = "em"
+    results: dict[str, dict[str, Any]],
+    in_domain: list[str],
+    metric: str = "em",
+    labels: dict[str, str] | None = None,
+    paper_em: dict[str, float] | None = None,
 ) -> tuple[list[str], list[list[str]]]:
-    """Rows of ``method | source... | in-domain avg | out-of-domain avg | avg``."""
+    """Rows of ``method | source... | in-domain avg | out-of-domain avg | avg [| paper avg]``."""
+    labels = {**DISPLAY, **(labels or {})}
     sources = sorted({s for r in results.values() for s in r["by_source"]}, key=lambda s: (s not in in_domain, s))
     header = ["Method", *sources, "In-domain avg", "Out-of-domain avg", "Avg"]
+    if paper_em:
+        header.append("Paper avg (Qwen2.5-3B)")
     rows = []
     for method, r in results.items():
         per = {s: r["by_source"][s][metric] for s in sources if s in r["by_source"]}
@@ -39,8 +75,62 @@ def results_table(
         ood = _avg([v for s, v in per.items() if s not in in_domain])
         cells = [f"{per[s]:.4f}" if s in per else "–" for s in sources]
         avgs = [f"{v:.4f}" if v is not None else "–" for v in (ind, ood, _avg(list(per.values())))]
-        rows.append([DISPLAY.get(method, method), *cells, *avgs])
+        row = [labels.get(method, method), *cells, *avgs]
+        if paper_em:
+            row.append(f"{paper_em[method]:.4f}" if method in paper_em else "–")
+        rows.append(row)
     return header, rows
+
+
+def ablation_table(
+    results: dict[str, dict[str, Any]],
+    ablation_of: dict[str, str],
+    labels: dict[str, str],
+    paper_em: dict[str, float],
+) -> tuple[list[str], list[list[str]]]:
+    """Table 4: each ablation's average EM and its delta against the run it ablates,
+    beside the paper's delta where the paper reports both rows."""
+    header = ["Ablation", "Of", "Avg EM", "Of: avg EM", "Δ EM", "Paper Δ EM"]
+    rows = []
+    for method, base in ablation_of.items():
+        if method not in results or base not in results:
+            continue
+        ours, ref = average(results[method]), average(results[base])
+        paper = f"{paper_em[method] - paper_em[base]:+.4f}" if method in paper_em and base in paper_em else "–"
+        rows.append(
+            [labels.get(method, method), labels.get(base, base), f"{ours:.4f}", f"{ref:.4f}", f"{ours - ref:+.4f}", paper]
+        )
+    return header, rows
+
+
+def ablation_chart(
+    results: dict[str, dict[str, Any]], ablation_of: dict[str, str], labels: dict[str, str],
+    paper_em: dict[str, float], out_png: Path,
+) -> None:
+    """Horizontal bars: each ablation's EM delta, ours beside the paper's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    pairs = [(m, b) for m, b in ablation_of.items() if m in results and b in results]
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.45 * max(len(pairs), 1)))
+    y = np.arange(len(pairs))
+    ours = [average(results[m]) - average(results[b]) for m, b in pairs]
+    paper = [paper_em[m] - paper_em[b] if m in paper_em and b in paper_em else np.nan for m, b in pairs]
+    ax.barh(y - 0.2, ours, 0.4, label="ours (CPU world)")
+    ax.barh(y + 0.2, paper, 0.4, label="paper (Qwen2.5-3B)")
+    ax.set_yticks(y, [labels.get(m, m) for m, _ in pairs], fontsize=8)
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_xlabel("Δ average EM vs the full method")
+    ax.set_title("Ablations")
+    ax.legend(fontsize=8)
+    ax.invert_yaxis()
+    fig.tight_layout()
+    with atomic_path(out_png) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
@@ -49,7 +139,9 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def bar_chart(results: dict[str, dict[str, Any]], in_domain: list[str], out_png: Path) -> None:
+def bar_chart(
+    results: dict[str, dict[str, Any]], in_domain: list[str], out_png: Path, labels: dict[str, str] | None = None
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -63,7 +155,7 @@ def bar_chart(results: dict[str, dict[str, Any]], in_domain: list[str], out_png:
     x = np.arange(len(sources))
     for i, m in enumerate(methods):
         ems = [results[m]["by_source"].get(s, {}).get("em", 0.0) for s in sources]
-        bars = ax.bar(x + (i - (len(methods) - 1) / 2) * width, ems, width, label=DISPLAY.get(m, m))
+        bars = ax.bar(x + (i - (len(methods) - 1) / 2) * width, ems, width, label={**DISPLAY, **(labels or {})}.get(m, m))
         ax.bar_label(bars, fmt="%.2f", fontsize=7)
     ax.set_xticks(x, [f"{s}\n({'in' if s in in_domain else 'out-of'}-domain)" for s in sources])
     ax.set_ylabel("exact match (greedy)")
@@ -124,28 +216,54 @@ def training_curves(live_dir: Path, out_png: Path) -> list[str]:
 
 
 def write_report(
-    eval_dir: Path, in_domain: list[str], out_md: Path, out_png: Path, extra_sections: tuple[str, ...] = ()
+    eval_dir: Path,
+    in_domain: list[str],
+    out_md: Path,
+    out_png: Path,
+    extra_sections: tuple[str, ...] = (),
+    baseline_dir: Path | None = None,
+    experiments: dict[str, Any] | None = None,
+    ablation_png: Path | None = None,
 ) -> str:
-    results = load_results(eval_dir)
+    """Write ``out_md`` (and its charts); ``experiments`` (name -> ExperimentConfig) adds
+    their labels, the paper's numbers and, for ablations, the Table-4 section."""
+    results = load_results(eval_dir, baseline_dir)
     if not results:
         raise FileNotFoundError(f"no metrics in {eval_dir}: run the baselines/evaluate stages first")
-    em_header, em_rows = results_table(results, in_domain, "em")
-    f1_header, f1_rows = results_table(results, in_domain, "f1")
+    experiments = experiments or {}
+    labels = {name: e.label for name, e in experiments.items() if e.label}
+    paper_em = {name: e.paper_em for name, e in experiments.items() if e.paper_em is not None}
+    ablation_of = {name: e.ablation_of for name, e in experiments.items() if e.ablation_of}
+    if paper_em:
+        paper_em = {**PAPER_BASELINE_EM, **paper_em}
+    em_header, em_rows = results_table(results, in_domain, "em", labels, paper_em)
+    f1_header, f1_rows = results_table(results, in_domain, "f1", labels)
     detail = ["| Method | n | answer rate | turns | tool calls | invalid-call rate |", "|---|---|---|---|---|---|"]
+    names = {**DISPLAY, **labels}
     for m, r in results.items():
         detail.append(
-            f"| {DISPLAY.get(m, m)} | {r['n']} | {r.get('answer_rate', 1.0):.3f} | {r.get('mean_turns', 1):.2f} "
+            f"| {names.get(m, m)} | {r['n']} | {r.get('answer_rate', 1.0):.3f} | {r.get('mean_turns', 1):.2f} "
             f"| {r.get('mean_tool_calls', 0):.2f} | {r.get('invalid_call_rate', 0):.3f} |"
         )
+    sources = f"`{eval_dir}/<method>.json`" + (f" and `{baseline_dir}/` (baselines, warm start)" if baseline_dir else "")
+    ablations: list[str] = []
+    if ablation_of:
+        header, rows = ablation_table(results, ablation_of, names, paper_em)
+        ablations = ["## Ablations (Table 4 shape)", "Δ = the ablation's average EM minus the full method's.",
+                     markdown_table(header, rows)]
+        if ablation_png is not None:
+            ablation_chart(results, ablation_of, names, paper_em, ablation_png)
+            ablations.append(f"![ablations]({ablation_png.name})")
     text = "\n\n".join(
         [
             "# Results",
             "Held-out exact match (greedy decoding), shaped like Table 3 of Agent-R1. "
             f"In-domain sources: {', '.join(in_domain) or '–'}; the others are out-of-domain. "
-            f"Every number comes from `{eval_dir}/<method>.json`.",
+            f"Every number comes from {sources}.",
             "## Exact match",
             markdown_table(em_header, em_rows),
             f"![EM by source]({out_png.name})",
+            *ablations,
             "## F1",
             markdown_table(f1_header, f1_rows),
             "## Behaviour",
@@ -153,6 +271,6 @@ def write_report(
             *extra_sections,
         ]
     )
-    bar_chart(results, in_domain, out_png)
+    bar_chart(results, in_domain, out_png, labels)
     write_text(out_md, text + "\n")
     return text

@@ -1,8 +1,10 @@
-"""report stage: reports/results.md (Table-3-shaped) and its bar chart."""
+"""report stage: reports/results.md (Table-3-shaped) and its charts; with ``--presets``,
+paper/reports/results.md with the ablation table (Table-4-shaped) too."""
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from agent_r1 import paths
 from agent_r1.config import Params
@@ -27,7 +29,14 @@ def report(params: Params) -> None:
             f"Experiments: {', '.join(curves)}. Per-step values live in `dvclive/<experiment>/`; "
             "compare runs with `dvc plots diff`.",
         )
-    print(write_report(paths.EVAL_METRICS_DIR, in_domain, paths.RESULTS_MD, paths.RESULTS_PNG, extra))
+    presets = paths.EXPERIMENT_ROOT != Path(".")  # paper/: baselines and the warm start come from metrics/eval
+    text = write_report(
+        paths.EVAL_METRICS_DIR, in_domain, paths.RESULTS_MD, paths.RESULTS_PNG, extra,
+        baseline_dir=paths.BASELINE_METRICS_DIR if presets else None,
+        experiments=params.experiments,
+        ablation_png=paths.RESULTS_MD.parent / "ablations.png",
+    )
+    print(text)
 
 
 if __name__ == "__main__":

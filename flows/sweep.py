@@ -1,0 +1,187 @@
+"""A parameter sweep as DVC experiments, run and summarised by a Prefect flow.
+
+    python -m flows.sweep -S train.actor_lr=1e-5,3e-6 -S train.seed=0,1
+    python -m flows.sweep -S train.seed=0,1,2 --name seeds train@grpo evaluate@grpo report
+
+Every point of the grid (the cartesian product of the ``-S key=v1,v2`` lists) is
+checked against the params schema first (a bad key or value fails before
+anything is queued), then queued with ``dvc exp run --queue -n NAME -S ...`` and
+run by ``dvc queue start`` in isolated copies of the workspace. DVC caches every
+stage, so a point re-runs only the stages its params reach. The flow publishes
+one table (printed too): each experiment's swept params and held-out EM/F1
+beside the baseline commit's, read back with ``dvc metrics diff``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import subprocess
+import time
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+
+import yaml  # noqa: E402
+from prefect import flow, task  # noqa: E402
+from prefect.artifacts import create_table_artifact  # noqa: E402
+from prefect.logging import get_run_logger  # noqa: E402
+
+from agent_r1.compare import collect  # noqa: E402
+from agent_r1.config import ParamsError, parse_params  # noqa: E402
+from tasks.dvc_stage import dvc_command, stage_env  # noqa: E402
+
+# What the table shows of each experiment: top-level keys of the evaluation metrics.
+TABLE_METRICS = ("em", "f1")
+FINISHED = {"Success", "Failed"}
+
+
+def parse_grid(specs: Sequence[str]) -> dict[str, list[str]]:
+    """``["a.b=1,2", "c=x"]`` -> ``{"a.b": ["1", "2"], "c": ["x"]}`` (the ``-S`` syntax of ``dvc exp run``)."""
+    grid: dict[str, list[str]] = {}
+    for spec in specs:
+        key, sep, values = spec.partition("=")
+        if not sep or not key or not values:
+            raise ValueError(f"-S {spec!r}: expected key=value[,value...]")
+        if key in grid:
+            raise ValueError(f"-S {key}: given twice")
+        grid[key] = values.split(",")
+    return grid
+
+
+def grid_points(grid: dict[str, list[str]]) -> list[dict[str, str]]:
+    """The cartesian product, in the order the values were given."""
+    return [dict(zip(grid, combo)) for combo in itertools.product(*grid.values())]
+
+
+def check_point(base: dict, point: dict[str, str], source: str) -> None:
+    """Raise ParamsError naming the key when ``point`` applied to params.yaml fails the schema."""
+    raw = yaml.safe_load(yaml.safe_dump(base))
+    for dotted, text in point.items():
+        node = raw
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            if not isinstance(node.get(key), dict):
+                raise ParamsError(source, [f"{dotted}: no such params group {key!r}"])
+            node = node[key]
+        node[leaf] = yaml.safe_load(text)
+    parse_params(raw, f"{source} with {', '.join(f'{k}={v}' for k, v in point.items())}")
+
+
+def _dvc(args: Sequence[str], repo: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run([*dvc_command(), *args], cwd=repo, env=stage_env(), capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"`dvc {' '.join(args)}` failed: {(proc.stderr or proc.stdout).strip()}")
+    return proc
+
+
+@task(name="queue-experiment", task_run_name="queue {name}")
+def queue_experiment(name: str, point: dict[str, str], targets: list[str], repo: str = ".") -> str:
+    sets = [arg for k, v in point.items() for arg in ("-S", f"{k}={v}")]
+    _dvc(["exp", "run", "--queue", "-n", name, *sets, *targets], repo)
+    return name
+
+
+def queue_states(repo: str) -> dict[str, str]:
+    """``{experiment name: status}`` from ``dvc queue status`` (Queued, Running, Success, Failed)."""
+    states = {}
+    for line in _dvc(["queue", "status"], repo).stdout.splitlines():
+        cols = line.split()
+        # rows: "<task> <name> <time> <AM|PM>? <status>"; the name column is empty for unnamed tasks
+        if len(cols) >= 4 and cols[-1] in FINISHED | {"Queued", "Running"}:
+            states[cols[1]] = cols[-1]
+    return states
+
+
+@task(name="run-queue")
+def run_queue(names: list[str], jobs: int = 1, repo: str = ".", poll_s: float = 5.0) -> dict[str, str]:
+    """Start the queue's workers and wait until every experiment of ``names`` has finished."""
+    logger = get_run_logger()
+    _dvc(["queue", "start", "-j", str(jobs)], repo)
+    seen: dict[str, str] = {}
+    while True:
+        states = {n: s for n, s in queue_states(repo).items() if n in names}
+        for n, s in states.items():
+            if seen.get(n) != s:
+                logger.info("experiment %s: %s", n, s)
+        seen.update(states)
+        if len(states) == len(names) and set(states.values()) <= FINISHED:
+            return states
+        time.sleep(poll_s)
+
+
+@task(name="sweep-table")
+def sweep_table(names: list[str], points: list[dict[str, str]], repo: str = ".", baseline: str = "HEAD") -> list[dict]:
+    """One row per experiment (the baseline first): swept params, then EM/F1 of each evaluation file."""
+    rows: list[dict] = []
+    for i, (name, point) in enumerate(zip(names, points)):
+        diff = collect(baseline, name, repo=Path(repo), all_rows=True)
+        metrics = [r for r in diff if r.kind == "metric" and r.key in TABLE_METRICS and "/eval/" in f"/{r.file}"]
+        if i == 0:
+            rows.append({"experiment": baseline, **{k: "" for k in point}}
+                        | {f"{Path(r.file).stem}.{r.key}": r.old for r in metrics})
+        rows.append({"experiment": name, **point} | {f"{Path(r.file).stem}.{r.key}": r.new for r in metrics})
+    return rows
+
+
+def render(rows: list[dict]) -> str:
+    header = list(dict.fromkeys(k for row in rows for k in row))
+    cells = [[_fmt(row.get(k)) for k in header] for row in rows]
+    widths = [max(len(x) for x in col) for col in zip(header, *cells)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
+    return "\n".join(lines + ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells])
+
+
+def _fmt(value: object) -> str:
+    return "—" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+@flow(name="agent-r1-sweep", log_prints=True)
+def sweep(
+    grid: dict[str, list[str]], targets: list[str] | None = None, name: str | None = None,
+    jobs: int = 1, repo: str = ".",
+) -> list[dict]:
+    points = grid_points(grid)
+    source = str(Path(repo) / "params.yaml")
+    base = yaml.safe_load(Path(source).read_text())
+    for point in points:  # every point is valid before anything is queued
+        check_point(base, point, source)
+    prefix = name or "sweep-" + datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    names = [f"{prefix}-{i}" for i in range(len(points))]
+    for n, point in zip(names, points):
+        queue_experiment(n, point, list(targets or []), repo=repo)
+    states = run_queue(names, jobs=jobs, repo=repo)
+    failed = sorted(n for n, s in states.items() if s != "Success")
+    if failed:
+        raise RuntimeError(f"experiments failed: {failed}; see `dvc queue logs NAME`")
+    rows = sweep_table(names, points, repo=repo)
+    create_table_artifact(table=rows, key="sweep", description=f"Sweep {prefix}: {', '.join(grid)}")
+    print(render(rows))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("targets", nargs="*", help="stages each experiment reproduces (default: the pipeline)")
+    parser.add_argument("-S", "--set-param", dest="sets", action="append", required=True,
+                        metavar="KEY=V1[,V2...]", help="a params.yaml key and the values to sweep")
+    parser.add_argument("--name", help="experiment name prefix (default: sweep-<UTC time>)")
+    parser.add_argument("-j", "--jobs", type=int, default=1, help="experiments run in parallel (default 1)")
+    parser.add_argument("--repo", default=".")
+    args = parser.parse_args()
+    try:
+        grid = parse_grid(args.sets)
+        base = yaml.safe_load((Path(args.repo) / "params.yaml").read_text())
+        for point in grid_points(grid):
+            check_point(base, point, str(Path(args.repo) / "params.yaml"))
+    except (ValueError, ParamsError) as exc:
+        parser.exit(2, f"error: {exc}\n")
+    sweep(grid, targets=args.targets, name=args.name, jobs=args.jobs, repo=args.repo)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""flows/sweep.py: the grid, and params checked before anything is queued (the real
+queued sweep runs in tests/test_pipeline.py's DVC repo)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agent_r1.config import ParamsError
+from flows.sweep import check_point, grid_points, parse_grid, render
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_grid_is_the_cartesian_product_in_given_order() -> None:
+    grid = parse_grid(["train.actor_lr=1e-5,3e-6", "train.seed=0,1,2"])
+    points = grid_points(grid)
+    assert len(points) == 6
+    assert points[0] == {"train.actor_lr": "1e-5", "train.seed": "0"}
+    assert points[-1] == {"train.actor_lr": "3e-6", "train.seed": "2"}
+
+
+@pytest.mark.parametrize("spec", ["train.seed", "=1", "train.seed="])
+def test_malformed_spec(spec: str) -> None:
+    with pytest.raises(ValueError, match="expected key=value"):
+        parse_grid([spec])
+
+
+def test_points_are_checked_against_the_schema() -> None:
+    base = yaml.safe_load((ROOT / "params.yaml").read_text())
+    check_point(base, {"train.actor_lr": "3e-6", "algorithm.name": "rloo"}, "params.yaml")
+    with pytest.raises(ParamsError, match=r"algorithm.name: must be one of"):
+        check_point(base, {"algorithm.name": "a2c"}, "params.yaml")
+    with pytest.raises(ParamsError, match=r"train.stepz: unknown key"):
+        check_point(base, {"train.stepz": "3"}, "params.yaml")
+    with pytest.raises(ParamsError, match=r"trian.steps: no such params group 'trian'"):
+        check_point(base, {"trian.steps": "3"}, "params.yaml")
+
+
+def test_cli_rejects_a_bad_point_before_queueing(tmp_path: Path) -> None:
+    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    proc = subprocess.run(
+        [sys.executable, "-m", "flows.sweep", "--repo", str(tmp_path), "-S", "retrieval.top_k=3,0"],
+        cwd=ROOT, capture_output=True, text=True,
+    )
+    assert proc.returncode == 2
+    assert "retrieval.top_k=0" in proc.stderr and "retrieval.top_k: must be >= 1, got 0" in proc.stderr
+
+
+def test_render_aligns_columns() -> None:
+    text = render([{"experiment": "HEAD", "train.seed": "", "grpo.em": 0.25},
+                   {"experiment": "s-0", "train.seed": "1", "grpo.em": 0.3}])
+    lines = text.splitlines()
+    assert lines[0].split() == ["experiment", "train.seed", "grpo.em"]
+    assert lines[3].split() == ["s-0", "1", "0.3000"]
