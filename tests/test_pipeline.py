@@ -237,10 +237,10 @@ def test_paper_presets_run_apart_from_the_default_pipeline(repo: Path, prefect_h
 
     # one preset's learning rate changes: only that preset (and the report) re-run
     presets = yaml.safe_load((repo / "paper/presets.yaml").read_text())
-    presets["experiments"]["grpo-no-loss-mask"]["overrides"]["train"]["actor_lr"] = 2.0e-5
+    presets["experiments"]["grpo"]["overrides"]["train"] = {"actor_lr": 2.0e-5}
     (repo / "paper/presets.yaml").write_text(yaml.safe_dump(presets, sort_keys=False))
     third = pipeline(repo=str(repo), paper=True)
-    assert [r.stage for r in third if r.ran] == ["paper/dvc.yaml:run@grpo-no-loss-mask", "paper/dvc.yaml:report"]
+    assert [r.stage for r in third if r.ran] == ["paper/dvc.yaml:run@grpo", "paper/dvc.yaml:report"]
     sh(["git", "add", "-A"], repo)
     sh(["git", "commit", "-qm", "paper run"], repo)
     # what git holds is enough: without the trained policies and checkpoints (a fresh clone
@@ -257,13 +257,16 @@ def test_sweep_queues_dvc_experiments_and_tabulates_them(repo: Path, prefect_har
         dvc(repo, "repro")
     sh(["git", "add", "-A"], repo)
     sh(["git", "commit", "-qm", "before sweep", "--allow-empty"], repo)
-    rows = sweep({"train.actor_lr": ["2e-5", "5e-6"]}, targets=["evaluate@grpo"], name="lr", repo=str(repo))
-    assert [r["experiment"] for r in rows] == ["HEAD", "lr-0", "lr-1"]
-    assert [r["train.actor_lr"] for r in rows] == ["", "2e-5", "5e-6"]
-    assert all(isinstance(r["grpo.em"], float) for r in rows)
+    # a cheap sweep (the index stage's k): the mechanism is the same for training params
+    rows = sweep({"retrieval.top_k": ["2", "4"]}, targets=["index"], name="k", repo=str(repo))
+    assert [r["experiment"] for r in rows] == ["HEAD", "k-0", "k-1"]
+    assert [r["retrieval.top_k"] for r in rows] == ["", "2", "4"]
+    assert all(isinstance(r["grpo.em"], float) for r in rows)  # every evaluation's EM, carried over
     shown = dvc(repo, "exp", "show", "--json").stdout
-    assert '"lr-0"' in shown and '"lr-1"' in shown
-    # the experiments' own params, as DVC recorded them
-    diff = json.loads(dvc(repo, "params", "diff", "HEAD", "lr-1", "--json").stdout)
-    assert diff["params.yaml"]["train.actor_lr"]["new"] == 5e-06
+    assert '"k-0"' in shown and '"k-1"' in shown
+    # each experiment ran with its own params and has its own metrics, as DVC recorded them
+    diff = json.loads(dvc(repo, "params", "diff", "HEAD", "k-1", "--json").stdout)
+    assert diff["params.yaml"]["retrieval.top_k"]["new"] == 4
+    metrics = json.loads(dvc(repo, "metrics", "diff", "HEAD", "k-0", "--json").stdout)
+    assert metrics["metrics/retrieval.json"]["top_k"]["new"] == 2
     assert "sweep" in _artifacts()
