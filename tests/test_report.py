@@ -60,6 +60,17 @@ def test_report_table_and_chart(tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize("warm_start", [True, False])
+def test_warm_start_row_says_whether_sft_ran(tmp_path: Path, warm_start: bool) -> None:
+    eval_dir = tmp_path / "eval"
+    eval_dir.mkdir()
+    (eval_dir / "sft.json").write_text(json.dumps(aggregate([ep("synthetic", 1, 1)], "sft")))
+    text = write_report(eval_dir, ["synthetic"], tmp_path / "r.md", tmp_path / "r.png", warm_start=warm_start)
+    label = "SFT warm start (no RL)" if warm_start else "Base model, RL prompt (no warm start, no RL)"
+    assert f"| {label} | 1.0000 |" in text
+    assert ("SFT warm start" in text) == warm_start
+
+
 def test_report_without_metrics_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "eval").mkdir()
     with pytest.raises(FileNotFoundError, match="no metrics"):

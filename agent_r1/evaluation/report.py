@@ -16,6 +16,8 @@ from typing import Any
 from agent_r1.io import atomic_path, write_text
 
 DISPLAY = {"naive_rag": "Naive RAG", "base_tool_call": "Base Tool Call", "sft": "SFT warm start (no RL)"}
+# With sft.enabled false the "sft" row is the base model evaluated the way RL starts from it.
+NO_WARM_START_LABEL = "Base model, RL prompt (no warm start, no RL)"
 BASELINE_ORDER = ("naive_rag", "base_tool_call", "sft")
 # Agent-R1 Table 3, average EM of the rows that are not presets (Qwen2.5-3B-Instruct).
 PAPER_BASELINE_EM = {"naive_rag": 0.1328, "base_tool_call": 0.0847}
@@ -224,14 +226,18 @@ def write_report(
     baseline_dir: Path | None = None,
     experiments: dict[str, Any] | None = None,
     ablation_png: Path | None = None,
+    warm_start: bool = True,
 ) -> str:
     """Write ``out_md`` (and its charts); ``experiments`` (name -> ExperimentConfig) adds
-    their labels, the paper's numbers and, for ablations, the Table-4 section."""
+    their labels, the paper's numbers and, for ablations, the Table-4 section.
+    ``warm_start`` false (sft.enabled false) relabels the "sft" row: no SFT happened."""
     results = load_results(eval_dir, baseline_dir)
     if not results:
         raise FileNotFoundError(f"no metrics in {eval_dir}: run the baselines/evaluate stages first")
     experiments = experiments or {}
     labels = {name: e.label for name, e in experiments.items() if e.label}
+    if not warm_start:
+        labels.setdefault("sft", NO_WARM_START_LABEL)
     paper_em = {name: e.paper_em for name, e in experiments.items() if e.paper_em is not None}
     ablation_of = {name: e.ablation_of for name, e in experiments.items() if e.ablation_of}
     if paper_em:

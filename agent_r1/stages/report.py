@@ -35,6 +35,7 @@ def report(params: Params) -> None:
         baseline_dir=paths.BASELINE_METRICS_DIR if presets else None,
         experiments=params.experiments,
         ablation_png=paths.RESULTS_MD.parent / "ablations.png",
+        warm_start=params.sft.enabled,
     )
     print(text)
 
