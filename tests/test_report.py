@@ -120,6 +120,20 @@ def test_presets_report_has_paper_column_and_ablation_deltas(tmp_path: Path) -> 
     assert abl.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_presets_report_rows_follow_the_presets_order(tmp_path: Path) -> None:
+    from agent_r1.config import ExperimentConfig
+
+    eval_dir = tmp_path / "eval"
+    eval_dir.mkdir()
+    for method in ("grpo", "rloo", "sft", "extra"):
+        (eval_dir / f"{method}.json").write_text(json.dumps(aggregate([ep("synthetic", 1, 1)], method)))
+    experiments = {"rloo": ExperimentConfig(label="RLOO"), "grpo": ExperimentConfig(label="GRPO")}
+    text = write_report(eval_dir, ["synthetic"], tmp_path / "r.md", tmp_path / "r.png", experiments=experiments)
+    em_rows = text.split("## Exact match")[1].split("![")[0]
+    methods = [line.split(" | ")[0][2:] for line in em_rows.splitlines() if line.startswith("| ") and "Method" not in line]
+    assert methods == ["SFT warm start (no RL)", "RLOO", "GRPO", "extra"]
+
+
 def test_ablation_of_must_name_an_experiment() -> None:
     from agent_r1.config import ParamsError, parse_params
 

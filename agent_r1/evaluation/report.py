@@ -235,6 +235,9 @@ def write_report(
     if not results:
         raise FileNotFoundError(f"no metrics in {eval_dir}: run the baselines/evaluate stages first")
     experiments = experiments or {}
+    # Rows in the presets file's order (algorithms, then their ablations), not by name.
+    order = [m for m in results if m in BASELINE_ORDER] + [m for m in experiments if m in results]
+    results = {m: results[m] for m in order + [m for m in results if m not in order]}
     labels = {name: e.label for name, e in experiments.items() if e.label}
     if not warm_start:
         labels.setdefault("sft", NO_WARM_START_LABEL)
