@@ -25,8 +25,8 @@ run: $(STAMP)  ## the default pipeline as a Prefect flow over the DVC stages
 paper: $(STAMP)  ## the default pipeline, then every preset of paper/presets.yaml (Tables 3 and 4)
 	$(PY) -m flows.pipeline --paper
 
-test: $(STAMP)  ## fast tests (CI)
-	$(PY) -m pytest
+test: $(STAMP)  ## fast tests (CI; ~15 min on 2 cores: --durations shows where it goes)
+	$(PY) -m pytest --durations=12
 
 test-slow: $(STAMP)  ## long checks
 	$(PY) -m pytest -m slow
