@@ -23,8 +23,11 @@ BASELINE_ORDER = ("naive_rag", "base_tool_call", "sft")
 PAPER_BASELINE_EM = {"naive_rag": 0.1328, "base_tool_call": 0.0847}
 
 
-def load_results(eval_dir: Path, baseline_dir: Path | None = None) -> dict[str, dict[str, Any]]:
-    """``{method: metrics}``: baselines and the warm start first, then the experiments (by name).
+def load_results(
+    eval_dir: Path, baseline_dir: Path | None = None, experiment_order: tuple[str, ...] = ()
+) -> dict[str, dict[str, Any]]:
+    """``{method: metrics}``: baselines and the warm start first, then the experiments in
+    ``experiment_order`` (a presets file's: algorithms, then their ablations), then the rest by name.
 
     With ``baseline_dir`` (a presets report), the baselines and the warm start come from
     there and only the experiments from ``eval_dir``.
@@ -33,7 +36,9 @@ def load_results(eval_dir: Path, baseline_dir: Path | None = None) -> dict[str, 
     if baseline_dir is not None and baseline_dir.resolve() != eval_dir.resolve():
         shared = {m: baseline_dir / f"{m}.json" for m in BASELINE_ORDER}
         results.update({m: json.loads(f.read_text()) for m, f in shared.items() if f.exists()})
-    order = [m for m in BASELINE_ORDER if m in results] + sorted(set(results) - set(BASELINE_ORDER))
+    order = [m for m in BASELINE_ORDER if m in results]
+    order += [m for m in experiment_order if m in results and m not in order]
+    order += sorted(set(results) - set(order))
     return {m: results[m] for m in order}
 
 
@@ -231,13 +236,10 @@ def write_report(
     """Write ``out_md`` (and its charts); ``experiments`` (name -> ExperimentConfig) adds
     their labels, the paper's numbers and, for ablations, the Table-4 section.
     ``warm_start`` false (sft.enabled false) relabels the "sft" row: no SFT happened."""
-    results = load_results(eval_dir, baseline_dir)
+    experiments = experiments or {}
+    results = load_results(eval_dir, baseline_dir, tuple(experiments))
     if not results:
         raise FileNotFoundError(f"no metrics in {eval_dir}: run the baselines/evaluate stages first")
-    experiments = experiments or {}
-    # Rows in the presets file's order (algorithms, then their ablations), not by name.
-    order = [m for m in results if m in BASELINE_ORDER] + [m for m in experiments if m in results]
-    results = {m: results[m] for m in order + [m for m in results if m not in order]}
     labels = {name: e.label for name, e in experiments.items() if e.label}
     if not warm_start:
         labels.setdefault("sft", NO_WARM_START_LABEL)
