@@ -52,10 +52,10 @@ def test_report_table_and_chart(tmp_path: Path) -> None:
     md, png = tmp_path / "r" / "results.md", tmp_path / "r" / "results.png"
     text = write_report(eval_dir, ["synthetic"], md, png)
     lines = [line for line in text.splitlines() if line.startswith("| ")]
-    assert lines[0] == "| Method | synthetic | synthetic_3hop | In-domain avg | Out-of-domain avg | Avg |"
+    assert lines[0] == "| Method | synthetic | synthetic_3hop | In-domain avg | Out-of-domain avg | Avg | ± SE |"
     # baselines first, in the paper's order, then the trained methods
     assert [line.split(" | ")[0] for line in lines[1:4]] == ["| Naive RAG", "| Base Tool Call", "| grpo"]
-    assert "| Naive RAG | 1.0000 | 0.0000 | 1.0000 | 0.0000 | 0.5000 |" in text
+    assert "| Naive RAG | 1.0000 | 0.0000 | 1.0000 | 0.0000 | 0.5000 | 0.0000 |" in text
     assert md.read_text().startswith("# Results")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -69,6 +69,16 @@ def test_warm_start_row_says_whether_sft_ran(tmp_path: Path, warm_start: bool) -
     label = "SFT warm start (no RL)" if warm_start else "Base model, RL prompt (no warm start, no RL)"
     assert f"| {label} | 1.0000 |" in text
     assert ("SFT warm start" in text) == warm_start
+
+
+def test_average_se_is_the_binomial_se_of_the_mean_over_sources() -> None:
+    from agent_r1.evaluation.report import average_se
+
+    # sqrt(0.5 * 0.5 / 4 + 0 * 1 / 10) / 2 sources
+    assert average_se({"by_source": {"a": {"em": 0.5, "n": 4}, "b": {"em": 0.0, "n": 10}}}) == pytest.approx(0.125)
+    # EM 0.32 over 75 questions: sqrt(0.32 * 0.68 / 75), i.e. about 4 questions
+    assert average_se({"by_source": {"a": {"em": 0.32, "n": 75}}}) == pytest.approx(0.05386, abs=1e-5)
+    assert average_se({"by_source": {}}) == 0.0
 
 
 def test_report_without_metrics_is_a_clear_error(tmp_path: Path) -> None:
@@ -112,11 +122,11 @@ def test_presets_report_has_paper_column_and_ablation_deltas(tmp_path: Path) -> 
     }
     md, png, abl = tmp_path / "r" / "results.md", tmp_path / "r" / "results.png", tmp_path / "r" / "ablations.png"
     text = write_report(presets, ["synthetic"], md, png, baseline_dir=shared, experiments=experiments, ablation_png=abl)
-    assert "| Naive RAG | 1.0000 | 0.0000 | 1.0000 | 0.0000 | 0.5000 | 0.1328 |" in text
-    assert "| SFT warm start (no RL) | 0.5000 | 0.0000 | 0.5000 | 0.0000 | 0.2500 | – |" in text
-    assert "| GRPO | 1.0000 | 0.5000 | 1.0000 | 0.5000 | 0.7500 | 0.3877 |" in text
-    # Table 4: 0.25 - 0.75 = -0.5 ours; 0.3722 - 0.3877 = -0.0155 in the paper
-    assert "| GRPO w/o loss mask | GRPO | 0.2500 | 0.7500 | -0.5000 | -0.0155 |" in text
+    assert "| Naive RAG | 1.0000 | 0.0000 | 1.0000 | 0.0000 | 0.5000 | 0.0000 | 0.1328 |" in text
+    assert "| SFT warm start (no RL) | 0.5000 | 0.0000 | 0.5000 | 0.0000 | 0.2500 | 0.2500 | – |" in text
+    assert "| GRPO | 1.0000 | 0.5000 | 1.0000 | 0.5000 | 0.7500 | 0.2500 | 0.3877 |" in text
+    # Table 4: 0.25 - 0.75 = -0.5 ours, SE hypot(0.25, 0.25) = 0.3536; 0.3722 - 0.3877 = -0.0155 in the paper
+    assert "| GRPO w/o loss mask | GRPO | 0.2500 | 0.7500 | -0.5000 | 0.3536 | -0.0155 |" in text
     assert abl.read_bytes()[:4] == b"\x89PNG"
 
 

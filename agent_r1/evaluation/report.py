@@ -10,6 +10,7 @@ paper's own numbers come from the presets file and PAPER_BASELINE_EM).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,20 @@ def average(r: dict[str, Any], metric: str = "em") -> float:
     return _avg([by[metric] for by in r["by_source"].values()]) or 0.0
 
 
+def average_se(r: dict[str, Any]) -> float:
+    """Binomial standard error of the average EM over the k data sources:
+
+        SE = sqrt(sum_s p_s (1 - p_s) / n_s) / k
+
+    EM is 0/1 per question, so this is how far "Avg" moves by chance alone with n_s
+    questions per source; a difference of a few SEs is what a table this size resolves.
+    """
+    by = list(r["by_source"].values())
+    if not by:
+        return 0.0
+    return math.sqrt(sum(b["em"] * (1 - b["em"]) / b["n"] for b in by)) / len(by)
+
+
 def results_table(
     results: dict[str, dict[str, Any]],
     in_domain: list[str],
@@ -69,10 +84,13 @@ def results_table(
     labels: dict[str, str] | None = None,
     paper_em: dict[str, float] | None = None,
 ) -> tuple[list[str], list[list[str]]]:
-    """Rows of ``method | source... | in-domain avg | out-of-domain avg | avg [| paper avg]``."""
+    """Rows of ``method | source... | in-domain avg | out-of-domain avg | avg [| SE] [| paper avg]``
+    (the SE of the average for EM, see :func:`average_se`)."""
     labels = {**DISPLAY, **(labels or {})}
     sources = sorted({s for r in results.values() for s in r["by_source"]}, key=lambda s: (s not in in_domain, s))
     header = ["Method", *sources, "In-domain avg", "Out-of-domain avg", "Avg"]
+    if metric == "em":
+        header.append("± SE")
     if paper_em:
         header.append("Paper avg (Qwen2.5-3B)")
     rows = []
@@ -83,6 +101,8 @@ def results_table(
         cells = [f"{per[s]:.4f}" if s in per else "–" for s in sources]
         avgs = [f"{v:.4f}" if v is not None else "–" for v in (ind, ood, _avg(list(per.values())))]
         row = [labels.get(method, method), *cells, *avgs]
+        if metric == "em":
+            row.append(f"{average_se(r):.4f}")
         if paper_em:
             row.append(f"{paper_em[method]:.4f}" if method in paper_em else "–")
         rows.append(row)
@@ -96,17 +116,19 @@ def ablation_table(
     paper_em: dict[str, float],
 ) -> tuple[list[str], list[list[str]]]:
     """Table 4: each ablation's average EM and its delta against the run it ablates,
+    with the delta's standard error (sqrt(SE_a^2 + SE_b^2): the two runs' held-out
+    scores taken as independent, which overstates it a little for the same questions),
     beside the paper's delta where the paper reports both rows."""
-    header = ["Ablation", "Of", "Avg EM", "Of: avg EM", "Δ EM", "Paper Δ EM"]
+    header = ["Ablation", "Of", "Avg EM", "Of: avg EM", "Δ EM", "± SE of Δ", "Paper Δ EM"]
     rows = []
     for method, base in ablation_of.items():
         if method not in results or base not in results:
             continue
         ours, ref = average(results[method]), average(results[base])
         paper = f"{paper_em[method] - paper_em[base]:+.4f}" if method in paper_em and base in paper_em else "–"
-        rows.append(
-            [labels.get(method, method), labels.get(base, base), f"{ours:.4f}", f"{ref:.4f}", f"{ours - ref:+.4f}", paper]
-        )
+        se = math.hypot(average_se(results[method]), average_se(results[base]))
+        rows.append([labels.get(method, method), labels.get(base, base), f"{ours:.4f}", f"{ref:.4f}",
+                     f"{ours - ref:+.4f}", f"{se:.4f}", paper])
     return header, rows
 
 
@@ -114,7 +136,7 @@ def ablation_chart(
     results: dict[str, dict[str, Any]], ablation_of: dict[str, str], labels: dict[str, str],
     paper_em: dict[str, float], out_png: Path,
 ) -> None:
-    """Horizontal bars: each ablation's EM delta, ours beside the paper's."""
+    """Horizontal bars: each ablation's EM delta, ours (with its SE) beside the paper's."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -126,7 +148,8 @@ def ablation_chart(
     y = np.arange(len(pairs))
     ours = [average(results[m]) - average(results[b]) for m, b in pairs]
     paper = [paper_em[m] - paper_em[b] if m in paper_em and b in paper_em else np.nan for m, b in pairs]
-    ax.barh(y - 0.2, ours, 0.4, label="ours (CPU world)")
+    ses = [math.hypot(average_se(results[m]), average_se(results[b])) for m, b in pairs]
+    ax.barh(y - 0.2, ours, 0.4, xerr=ses, capsize=3, label="ours (CPU world), ± 1 SE")
     ax.barh(y + 0.2, paper, 0.4, label="paper (Qwen2.5-3B)")
     ax.set_yticks(y, [labels.get(m, m) for m, _ in pairs], fontsize=8)
     ax.axvline(0, color="black", linewidth=0.8)
@@ -260,7 +283,9 @@ def write_report(
     ablations: list[str] = []
     if ablation_of:
         header, rows = ablation_table(results, ablation_of, names, paper_em)
-        ablations = ["## Ablations (Table 4 shape)", "Δ = the ablation's average EM minus the full method's.",
+        ablations = ["## Ablations (Table 4 shape)",
+                     "Δ = the ablation's average EM minus the full method's; a Δ within about two of its "
+                     "standard errors is not resolved by this many held-out questions.",
                      markdown_table(header, rows)]
         if ablation_png is not None:
             ablation_chart(results, ablation_of, names, paper_em, ablation_png)
@@ -273,6 +298,8 @@ def write_report(
             f"Every number comes from {sources}.",
             "## Exact match",
             markdown_table(em_header, em_rows),
+            "± SE: the binomial standard error of Avg, sqrt(Σ p(1−p)/n) / k over the k sources. "
+            "Two rows closer than about two SEs are not told apart by this many questions.",
             f"![EM by source]({out_png.name})",
             *ablations,
             "## F1",
