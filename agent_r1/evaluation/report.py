@@ -77,6 +77,14 @@ def average_se(r: dict[str, Any]) -> float:
     return math.sqrt(sum(b["em"] * (1 - b["em"]) / b["n"] for b in by)) / len(by)
 
 
+def ablation_delta(results: dict[str, dict[str, Any]], method: str, base: str) -> tuple[float, float]:
+    """(Δ, SE of Δ): the ablation's average EM minus the full method's, and
+    sqrt(SE_a^2 + SE_b^2) with the two runs' held-out scores taken as independent
+    (which overstates it a little: both answer the same questions)."""
+    a, b = results[method], results[base]
+    return average(a) - average(b), math.hypot(average_se(a), average_se(b))
+
+
 def results_table(
     results: dict[str, dict[str, Any]],
     in_domain: list[str],
@@ -116,19 +124,16 @@ def ablation_table(
     paper_em: dict[str, float],
 ) -> tuple[list[str], list[list[str]]]:
     """Table 4: each ablation's average EM and its delta against the run it ablates,
-    with the delta's standard error (sqrt(SE_a^2 + SE_b^2): the two runs' held-out
-    scores taken as independent, which overstates it a little for the same questions),
-    beside the paper's delta where the paper reports both rows."""
+    with the delta's standard error (:func:`ablation_delta`), beside the paper's delta where the paper reports both rows."""
     header = ["Ablation", "Of", "Avg EM", "Of: avg EM", "Δ EM", "± SE of Δ", "Paper Δ EM"]
     rows = []
     for method, base in ablation_of.items():
         if method not in results or base not in results:
             continue
-        ours, ref = average(results[method]), average(results[base])
+        delta, se = ablation_delta(results, method, base)
         paper = f"{paper_em[method] - paper_em[base]:+.4f}" if method in paper_em and base in paper_em else "–"
-        se = math.hypot(average_se(results[method]), average_se(results[base]))
-        rows.append([labels.get(method, method), labels.get(base, base), f"{ours:.4f}", f"{ref:.4f}",
-                     f"{ours - ref:+.4f}", f"{se:.4f}", paper])
+        rows.append([labels.get(method, method), labels.get(base, base), f"{average(results[method]):.4f}",
+                     f"{average(results[base]):.4f}", f"{delta:+.4f}", f"{se:.4f}", paper])
     return header, rows
 
 
@@ -146,9 +151,8 @@ def ablation_chart(
     pairs = [(m, b) for m, b in ablation_of.items() if m in results and b in results]
     fig, ax = plt.subplots(figsize=(8, 1.2 + 0.45 * max(len(pairs), 1)))
     y = np.arange(len(pairs))
-    ours = [average(results[m]) - average(results[b]) for m, b in pairs]
+    ours, ses = zip(*(ablation_delta(results, m, b) for m, b in pairs)) if pairs else ((), ())
     paper = [paper_em[m] - paper_em[b] if m in paper_em and b in paper_em else np.nan for m, b in pairs]
-    ses = [math.hypot(average_se(results[m]), average_se(results[b])) for m, b in pairs]
     ax.barh(y - 0.2, ours, 0.4, xerr=ses, capsize=3, label="ours (CPU world), ± 1 SE")
     ax.barh(y + 0.2, paper, 0.4, label="paper (Qwen2.5-3B)")
     ax.set_yticks(y, [labels.get(m, m) for m, _ in pairs], fontsize=8)
