@@ -26,7 +26,7 @@ paper: $(STAMP)  ## the default pipeline, then every preset of paper/presets.yam
 	$(PY) -m flows.pipeline --paper
 
 test: $(STAMP)  ## fast tests (CI; ~15 min on 2 cores: --durations shows where it goes)
-	$(PY) -m pytest --durations=12
+	$(PY) -m pytest --durations=25
 
 test-slow: $(STAMP)  ## long checks
 	$(PY) -m pytest -m slow
