@@ -239,13 +239,16 @@ def test_paper_presets_run_apart_from_the_default_pipeline(repo: Path, prefect_h
     sh(["git", "add", "-A"], repo)
     sh(["git", "commit", "-qm", "paper run"], repo)
 
-    # one preset's learning rate changes: DVC sees only that preset (and the report) out of
-    # date. Asking DVC, not re-training: `dvc repro`, and so the flow, runs what `dvc status` lists.
+    # one preset's learning rate changes: only that preset and the report re-run. Asked of
+    # DVC's own repro plan (`--dry`) rather than re-trained: the flow runs each stage with
+    # `dvc repro --single-item`, whose ran/cached outcome both runs above exercised, and a
+    # tiny preset costs ~100 s of the CI budget.
     presets = yaml.safe_load((repo / "paper/presets.yaml").read_text())
     presets["experiments"]["grpo"]["overrides"]["train"] = {"actor_lr": 2.0e-5}
     (repo / "paper/presets.yaml").write_text(yaml.safe_dump(presets, sort_keys=False))
-    stale = json.loads(dvc(repo, "status", "paper/dvc.yaml", "--json").stdout)
-    assert sorted(stale) == ["paper/dvc.yaml:report", "paper/dvc.yaml:run@grpo"]
+    plan = dvc(repo, "repro", "--dry", "paper/dvc.yaml").stdout
+    planned = [line for line in plan.splitlines() if line.startswith("Running stage")]
+    assert planned == ["Running stage 'paper/dvc.yaml:run@grpo':", "Running stage 'paper/dvc.yaml:report':"]
     sh(["git", "checkout", "paper/presets.yaml"], repo)
     # what git holds is enough: without the trained policies and checkpoints (a fresh clone
     # after the default pipeline), the presets already run are up to date
