@@ -25,7 +25,7 @@ run: $(STAMP)  ## the default pipeline as a Prefect flow over the DVC stages
 paper: $(STAMP)  ## the default pipeline, then every preset of paper/presets.yaml (Tables 3 and 4)
 	$(PY) -m flows.pipeline --paper
 
-test: $(STAMP)  ## fast tests (CI; ~15 min on 2 cores: --durations shows where it goes)
+test: $(STAMP)  ## fast tests (CI; ~11 min on 2 cores: --durations shows where it goes)
 	$(PY) -m pytest --durations=25
 
 test-slow: $(STAMP)  ## long checks
