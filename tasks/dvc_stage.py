@@ -48,6 +48,9 @@ def stage_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARS}
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # Offline by design: DVC otherwise reports usage to its server after each command
+    # (a background `dvc daemon analytics`), in any repo whose config does not turn it off.
+    env.setdefault("DVC_NO_ANALYTICS", "1")
     return env
 
 

