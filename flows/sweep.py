@@ -19,7 +19,7 @@ import itertools
 import os
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -97,21 +97,48 @@ def queue_states(repo: str) -> dict[str, str]:
     return states
 
 
+class QueueStalled(RuntimeError):
+    """The sweep's experiments can no longer finish: one left the queue, or none runs."""
+
+
+def wait_for_queue(
+    names: list[str], read_states: Callable[[], dict[str, str]], poll_s: float = 5.0, stall_s: float = 120.0,
+    log: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, str]:
+    """Poll ``read_states`` until every experiment of ``names`` is Success or Failed.
+
+    Raises QueueStalled instead of waiting forever when an experiment leaves the queue
+    (`dvc queue remove`) or when some are Queued and none has been Running for
+    ``stall_s``: the workers are gone (`dvc queue stop`, a killed worker). ``dvc queue
+    status``'s worker count cannot tell: a busy worker does not answer it."""
+    seen: dict[str, str] = {}
+    idle_s = 0.0
+    while True:
+        states = {n: s for n, s in read_states().items() if n in names}
+        if gone := sorted(n for n in seen if n not in states):
+            raise QueueStalled(f"experiment(s) {gone} left the DVC queue before finishing (`dvc queue remove`?)")
+        for n, s in states.items():
+            if seen.get(n) != s:
+                log(f"experiment {n}: {s}")
+        seen.update(states)
+        if len(states) == len(names) and set(states.values()) <= FINISHED:
+            return states
+        queued = sorted(n for n, s in states.items() if s == "Queued")
+        idle_s = idle_s + poll_s if queued and "Running" not in states.values() else 0.0
+        if idle_s >= stall_s:
+            raise QueueStalled(
+                f"{queued} still queued, and no experiment has run for {stall_s:.0f} s: the DVC queue has no "
+                "worker (stopped?). `dvc queue start` runs them; `dvc exp show` has the finished ones."
+            )
+        sleep(poll_s)
+
+
 @task(name="run-queue")
 def run_queue(names: list[str], jobs: int = 1, repo: str = ".", poll_s: float = 5.0) -> dict[str, str]:
     """Start the queue's workers and wait until every experiment of ``names`` has finished."""
     logger = get_run_logger()
     _dvc(["queue", "start", "-j", str(jobs)], repo)
-    seen: dict[str, str] = {}
-    while True:
-        states = {n: s for n, s in queue_states(repo).items() if n in names}
-        for n, s in states.items():
-            if seen.get(n) != s:
-                logger.info("experiment %s: %s", n, s)
-        seen.update(states)
-        if len(states) == len(names) and set(states.values()) <= FINISHED:
-            return states
-        time.sleep(poll_s)
+    return wait_for_queue(names, lambda: queue_states(repo), poll_s=poll_s, log=logger.info)
 
 
 @task(name="sweep-table")

@@ -57,3 +57,39 @@ def test_render_aligns_columns() -> None:
     lines = text.splitlines()
     assert lines[0].split() == ["experiment", "train.seed", "grpo.em"]
     assert lines[3].split() == ["s-0", "1", "0.3000"]
+
+
+def _states(*snapshots: dict[str, str]):
+    """A read_states that returns each snapshot in turn, then the last one forever."""
+    it = iter(snapshots)
+    last: list[dict[str, str]] = []
+
+    def read() -> dict[str, str]:
+        last[:] = [next(it, last[0] if last else {})]
+        return last[0]
+
+    return read
+
+
+def test_wait_for_queue_returns_once_every_experiment_finished() -> None:
+    from flows.sweep import wait_for_queue
+
+    log: list[str] = []
+    read = _states({"s-0": "Queued", "s-1": "Queued"}, {"s-0": "Running", "s-1": "Queued"},
+                   {"s-0": "Success", "s-1": "Running"}, {"s-0": "Success", "s-1": "Failed", "other": "Queued"})
+    states = wait_for_queue(["s-0", "s-1"], read, poll_s=1, log=log.append, sleep=lambda s: None)
+    assert states == {"s-0": "Success", "s-1": "Failed"}
+    assert log[-1] == "experiment s-1: Failed" and "experiment s-0: Running" in log
+
+
+def test_wait_for_queue_fails_instead_of_hanging() -> None:
+    from flows.sweep import QueueStalled, wait_for_queue
+
+    # the worker stopped after the first experiment: the second stays queued
+    read = _states({"s-0": "Running", "s-1": "Queued"}, {"s-0": "Success", "s-1": "Queued"})
+    with pytest.raises(QueueStalled, match=r"\['s-1'\] still queued, and no experiment has run for 60 s"):
+        wait_for_queue(["s-0", "s-1"], read, poll_s=5, stall_s=60, log=lambda m: None, sleep=lambda s: None)
+    # someone removed a queued experiment
+    read = _states({"s-0": "Running", "s-1": "Queued"}, {"s-0": "Running"})
+    with pytest.raises(QueueStalled, match=r"\['s-1'\] left the DVC queue"):
+        wait_for_queue(["s-0", "s-1"], read, log=lambda m: None, sleep=lambda s: None)
