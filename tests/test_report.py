@@ -149,3 +149,11 @@ def test_ablation_of_must_name_an_experiment() -> None:
 
     with pytest.raises(ParamsError, match="experiments.b.ablation_of: 'a' is not an experiment here"):
         parse_params({"experiments": {"b": {"ablation_of": "a", "overrides": {"env": {"one_shot": False}}}}})
+
+
+def test_every_series_gets_its_own_colour() -> None:
+    from agent_r1.evaluation.report import series_colors
+
+    # 16 methods: the paper report's 13 presets, two baselines and the warm start
+    for n in (3, 10, 16, 20):
+        assert len(set(series_colors(n))) == n

@@ -167,6 +167,20 @@ def ablation_chart(
     plt.close(fig)
 
 
+def series_colors(n: int) -> list:
+    """``n`` distinct colours: matplotlib's default cycle repeats after 10 series, and the
+    paper report draws 16 methods (13 presets), so beyond 10 take tab20's 20 colours."""
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
+def legend_outside(ax) -> None:
+    """The legend to the right of ``ax``: inside, a long one covers the bars and curves."""
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+
+
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -187,18 +201,20 @@ def bar_chart(
     width = 0.8 / max(len(methods), 1)
     fig, ax = plt.subplots(figsize=(2.2 + 1.6 * len(sources) + 0.3 * len(methods), 4))
     x = np.arange(len(sources))
-    for i, m in enumerate(methods):
+    for i, (m, color) in enumerate(zip(methods, series_colors(len(methods)))):
         ems = [results[m]["by_source"].get(s, {}).get("em", 0.0) for s in sources]
-        bars = ax.bar(x + (i - (len(methods) - 1) / 2) * width, ems, width, label={**DISPLAY, **(labels or {})}.get(m, m))
-        ax.bar_label(bars, fmt="%.2f", fontsize=7)
+        label = {**DISPLAY, **(labels or {})}.get(m, m)
+        bars = ax.bar(x + (i - (len(methods) - 1) / 2) * width, ems, width, label=label, color=color)
+        # upright numbers collide once the bars are narrower than "0.33"
+        ax.bar_label(bars, fmt="%.2f", fontsize=7 if len(methods) <= 6 else 6, rotation=0 if len(methods) <= 6 else 90)
     ax.set_xticks(x, [f"{s}\n({'in' if s in in_domain else 'out-of'}-domain)" for s in sources])
     ax.set_ylabel("exact match (greedy)")
     ax.set_ylim(0, 1)
     ax.set_title("Held-out EM by data source")
-    ax.legend(fontsize=8)
+    legend_outside(ax)
     fig.tight_layout()
     with atomic_path(out_png) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
+        fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -230,21 +246,22 @@ def training_curves(live_dir: Path, out_png: Path) -> list[str]:
     import matplotlib.pyplot as plt
 
     experiments = sorted(p for p in live_dir.glob("*") if (p / "plots" / "metrics").is_dir()) if live_dir.is_dir() else []
-    fig, axes = plt.subplots(1, len(CURVES), figsize=(5 * len(CURVES), 3.6))
+    fig, axes = plt.subplots(1, len(CURVES), figsize=(5 * len(CURVES) + 2.5, 3.6))  # + the legend
+    colors = series_colors(len(experiments))
     for ax, (metric, title) in zip(axes, CURVES):
-        for exp in experiments:
+        for exp, color in zip(experiments, colors):
             tsv = exp / "plots" / "metrics" / f"{metric}.tsv"
             if tsv.exists():
                 steps, values = read_curve(tsv)
-                ax.plot([s + 1 for s in steps], values, marker="o", markersize=3, label=exp.name)
+                ax.plot([s + 1 for s in steps], values, marker="o", markersize=3, label=exp.name, color=color)
         ax.set_title(title)
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)
     if experiments:
-        axes[0].legend(fontsize=8)
+        legend_outside(axes[-1])
     fig.tight_layout()
     with atomic_path(out_png) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     return [e.name for e in experiments]
 
