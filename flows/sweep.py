@@ -31,7 +31,7 @@ from prefect import flow, task  # noqa: E402
 from prefect.artifacts import create_table_artifact  # noqa: E402
 from prefect.logging import get_run_logger  # noqa: E402
 
-from agent_r1.compare import collect  # noqa: E402
+from agent_r1.compare import Row, collect  # noqa: E402
 from agent_r1.config import ParamsError, parse_params  # noqa: E402
 from tasks.dvc_stage import dvc_command, stage_env  # noqa: E402
 
@@ -141,18 +141,35 @@ def run_queue(names: list[str], jobs: int = 1, repo: str = ".", poll_s: float = 
     return wait_for_queue(names, lambda: queue_states(repo), poll_s=poll_s, log=logger.info)
 
 
+def eval_column(file: str, key: str) -> str:
+    """``metrics/eval/grpo.json``, ``em`` -> ``grpo.em``; another pipeline's evaluation keeps
+    its folder (``paper/metrics/eval/grpo.json`` -> ``paper/grpo.em``): the stems collide."""
+    return f"{file.replace('metrics/eval/', '').removesuffix('.json')}.{key}"
+
+
+def table_rows(
+    baseline: str, names: list[str], points: list[dict[str, str]], diffs: list[list[Row]]
+) -> list[dict]:
+    """One row per experiment (the baseline first): swept params, then EM/F1 of each
+    evaluation file, from ``diffs[i]`` (``dvc metrics diff baseline names[i] --all``).
+    The root pipeline's evaluations are always shown; another pipeline's (``paper/``)
+    only where some experiment changed them, else its dozen unchanged columns bury the sweep."""
+    evals = [[r for r in diff if r.kind == "metric" and r.key in TABLE_METRICS and "/eval/" in f"/{r.file}"]
+             for diff in diffs]
+    changed = {(r.file, r.key) for rows in evals for r in rows if r.old != r.new}
+    shown = [[r for r in rows if r.file.startswith("metrics/") or (r.file, r.key) in changed] for rows in evals]
+    table = [{"experiment": baseline, **{k: "" for k in points[0]}}
+             | {eval_column(r.file, r.key): r.old for r in shown[0]}] if names else []
+    for name, point, rows in zip(names, points, shown):
+        table.append({"experiment": name, **point} | {eval_column(r.file, r.key): r.new for r in rows})
+    return table
+
+
 @task(name="sweep-table")
 def sweep_table(names: list[str], points: list[dict[str, str]], repo: str = ".", baseline: str = "HEAD") -> list[dict]:
-    """One row per experiment (the baseline first): swept params, then EM/F1 of each evaluation file."""
-    rows: list[dict] = []
-    for i, (name, point) in enumerate(zip(names, points)):
-        diff = collect(baseline, name, repo=Path(repo), all_rows=True)
-        metrics = [r for r in diff if r.kind == "metric" and r.key in TABLE_METRICS and "/eval/" in f"/{r.file}"]
-        if i == 0:
-            rows.append({"experiment": baseline, **{k: "" for k in point}}
-                        | {f"{Path(r.file).stem}.{r.key}": r.old for r in metrics})
-        rows.append({"experiment": name, **point} | {f"{Path(r.file).stem}.{r.key}": r.new for r in metrics})
-    return rows
+    """The sweep's table, read back with ``dvc params/metrics diff`` (see table_rows)."""
+    diffs = [collect(baseline, name, repo=Path(repo), all_rows=True) for name in names]
+    return table_rows(baseline, names, points, diffs)
 
 
 def render(rows: list[dict]) -> str:

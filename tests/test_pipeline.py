@@ -268,7 +268,10 @@ def test_sweep_queues_dvc_experiments_and_tabulates_them(repo: Path, prefect_har
     rows = sweep({"retrieval.top_k": ["2", "4"]}, targets=["index"], name="k", repo=str(repo))
     assert [r["experiment"] for r in rows] == ["HEAD", "k-0", "k-1"]
     assert [r["retrieval.top_k"] for r in rows] == ["", "2", "4"]
-    assert all(isinstance(r["grpo.em"], float) for r in rows)  # every evaluation's EM, carried over
+    # every evaluation's EM, carried over: the default pipeline's GRPO, not the paper preset of the same name
+    grpo_em = json.loads((repo / "metrics/eval/grpo.json").read_text())["em"]
+    assert [r["grpo.em"] for r in rows] == [grpo_em] * 3
+    assert not any(k.startswith("paper/") for r in rows for k in r)  # unchanged by the sweep
     shown = dvc(repo, "exp", "show", "--json").stdout
     assert '"k-0"' in shown and '"k-1"' in shown
     # each experiment ran with its own params and has its own metrics, as DVC recorded them

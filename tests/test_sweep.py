@@ -93,3 +93,26 @@ def test_wait_for_queue_fails_instead_of_hanging() -> None:
     read = _states({"s-0": "Running", "s-1": "Queued"}, {"s-0": "Running"})
     with pytest.raises(QueueStalled, match=r"\['s-1'\] left the DVC queue"):
         wait_for_queue(["s-0", "s-1"], read, log=lambda m: None, sleep=lambda s: None)
+
+
+def test_table_keeps_each_evaluation_apart_and_drops_unchanged_other_pipelines() -> None:
+    from agent_r1.compare import Row
+    from flows.sweep import table_rows
+
+    def diff(grpo_new: float) -> list[Row]:
+        return [
+            Row("param", "params.yaml", "train.seed", 0, 1),
+            Row("metric", "metrics/eval/grpo.json", "em", 0.1667, grpo_new),
+            Row("metric", "metrics/eval/sft.json", "em", 0.1533, 0.1533),
+            Row("metric", "metrics/train/grpo.json", "em", 0.0, 0.5),  # training metrics: not in the table
+            # the paper pipeline's GRPO preset: same file stem as the default GRPO, unchanged by the sweep
+            Row("metric", "paper/metrics/eval/grpo.json", "em", 0.1667, 0.1667),
+            Row("metric", "paper/metrics/eval/rloo.json", "em", 0.16, 0.16 if grpo_new < 0.2 else 0.2),
+        ]
+
+    rows = table_rows("HEAD", ["s-0", "s-1"], [{"train.seed": "1"}, {"train.seed": "2"}], [diff(0.2067), diff(0.1733)])
+    assert rows[0] == {"experiment": "HEAD", "train.seed": "", "grpo.em": 0.1667, "sft.em": 0.1533,
+                       "paper/rloo.em": 0.16}
+    assert rows[1] == {"experiment": "s-0", "train.seed": "1", "grpo.em": 0.2067, "sft.em": 0.1533,
+                       "paper/rloo.em": 0.2}
+    assert rows[2]["grpo.em"] == 0.1733 and rows[2]["paper/rloo.em"] == 0.16
