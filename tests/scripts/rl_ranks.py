@@ -32,6 +32,9 @@ def main() -> None:
 
     rank = dist.get_rank() if dist.is_initialized() else 0
     (out / f"summary_rank{rank}.json").write_text(json.dumps(summary, default=str))
+    if dist.is_initialized():  # as in train_tiny.py: no communication thread outlives the group
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
