@@ -62,13 +62,7 @@ def test_render_aligns_columns() -> None:
 def _states(*snapshots: dict[str, str]):
     """A read_states that returns each snapshot in turn, then the last one forever."""
     it = iter(snapshots)
-    last: list[dict[str, str]] = []
-
-    def read() -> dict[str, str]:
-        last[:] = [next(it, last[0] if last else {})]
-        return last[0]
-
-    return read
+    return lambda: next(it, snapshots[-1])
 
 
 def test_wait_for_queue_returns_once_every_experiment_finished() -> None:

@@ -102,9 +102,9 @@ def main() -> None:
     if state is not None:
         torch.save(state, args.out / f"weights_rank{rank}.pt")
     (args.out / f"losses_rank{rank}.json").write_text(json.dumps(losses))
-    # Leave the group before the interpreter exits: once (1 in ~20 fresh-clone runs) a
-    # ZeRO-3 rank aborted after writing everything ("terminate called without an active
-    # exception", SIGABRT), a communication thread outliving the process group.
+    # Leave the group before the interpreter exits: without this a ZeRO-3 rank sometimes
+    # aborted after writing everything ("terminate called without an active exception",
+    # SIGABRT; 1 in 7 runs of test_deepspeed_ranks.py), a thread outliving the process group.
     dist.barrier()
     dist.destroy_process_group()
 
