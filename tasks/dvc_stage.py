@@ -192,8 +192,22 @@ def publish_metrics(repo: str = ".", runs: list[StageRun] | None = None) -> list
     return rows
 
 
-# Report files a flow run publishes as markdown artifacts (when they exist), by artifact key.
-REPORTS = {"report": Path("reports/results.md"), "paper-report": Path("paper/reports/results.md")}
+# Report files a flow run publishes as markdown artifacts (when they exist), by artifact key,
+# with the presets file (None: params.yaml's own) whose experiments the report shows.
+REPORTS = {
+    "report": (Path("reports/results.md"), None),
+    "paper-report": (Path("paper/reports/results.md"), Path("paper/presets.yaml")),
+}
+
+
+def report_experiments(repo: Path, presets: Path | None) -> tuple[str, ...]:
+    """The experiments a report shows: those of params.yaml, or of a presets file."""
+    from agent_r1.config import load_params, with_presets
+
+    params = load_params(repo / "params.yaml")
+    if presets is not None:
+        params = with_presets(params, repo / presets)
+    return tuple(params.experiments)
 
 
 @task(name="publish-reports")
@@ -202,12 +216,13 @@ def publish_reports(repo: str = ".") -> list[str]:
     from agent_r1.evaluation.report import results_rows
 
     published = []
-    for key, rel in REPORTS.items():
+    for key, (rel, presets) in REPORTS.items():
         md = Path(repo) / rel
         if not md.exists():
             continue
         create_markdown_artifact(md.read_text(), key=key, description=f"{rel} of this run")
-        rows = results_rows(md.parent.parent / "metrics" / "eval", Path(repo) / "metrics" / "eval")
+        eval_dir, baseline_dir = md.parent.parent / "metrics" / "eval", Path(repo) / "metrics" / "eval"
+        rows = results_rows(eval_dir, baseline_dir, report_experiments(Path(repo), presets))
         if rows:
             create_table_artifact(table=rows, key=f"{key}-results", description=f"Held-out EM/F1 in {rel}")
         published.append(key)

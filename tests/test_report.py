@@ -141,7 +141,32 @@ def test_presets_report_rows_follow_the_presets_order(tmp_path: Path) -> None:
     text = write_report(eval_dir, ["synthetic"], tmp_path / "r.md", tmp_path / "r.png", experiments=experiments)
     em_rows = text.split("## Exact match")[1].split("![")[0]
     methods = [line.split(" | ")[0][2:] for line in em_rows.splitlines() if line.startswith("| ") and "Method" not in line]
-    assert methods == ["SFT warm start (no RL)", "RLOO", "GRPO", "extra"]
+    assert methods == ["SFT warm start (no RL)", "RLOO", "GRPO"]  # "extra" is in no params: left out
+
+
+def test_report_stage_leaves_out_removed_experiments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An experiment renamed in params.yaml (old -> grpo) leaves metrics/eval/old.json and
+    dvclive/old behind: the report stage must show neither, only what params describe."""
+    import pandas as pd
+
+    from agent_r1.config import Params
+    from agent_r1.stages.report import report
+
+    monkeypatch.chdir(tmp_path)
+    Path("data/prepared").mkdir(parents=True)
+    pd.DataFrame({"source": ["synthetic"]}).to_parquet("data/prepared/train.parquet")
+    Path("metrics/eval").mkdir(parents=True)
+    for method in ("sft", "grpo", "old"):
+        Path(f"metrics/eval/{method}.json").write_text(json.dumps(aggregate([ep("synthetic", 1, 1)], method)))
+        d = Path(f"dvclive/{method}/plots/metrics/train")
+        d.mkdir(parents=True)
+        (d / "reward.tsv").write_text("step\treward\n0\t0.5\n")
+    report(Params())  # the default params: one experiment, grpo
+    text = Path("reports/results.md").read_text()
+    methods = [line.split(" | ")[0][2:] for line in text.split("## Exact match")[1].split("![")[0].splitlines()
+               if line.startswith("| ") and "Method" not in line]
+    assert methods == ["SFT warm start (no RL)", "grpo"]
+    assert "old" not in text.split("## Training curves")[1]
 
 
 def test_ablation_of_must_name_an_experiment() -> None:

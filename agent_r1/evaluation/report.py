@@ -10,11 +10,14 @@ paper's own numbers come from the presets file and PAPER_BASELINE_EM).
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any
 
 from agent_r1.io import atomic_path, write_text
+
+log = logging.getLogger(__name__)
 
 DISPLAY = {"naive_rag": "Naive RAG", "base_tool_call": "Base Tool Call", "sft": "SFT warm start (no RL)"}
 # With sft.enabled false the "sft" row is the base model evaluated the way RL starts from it.
@@ -25,11 +28,14 @@ PAPER_BASELINE_EM = {"naive_rag": 0.1328, "base_tool_call": 0.0847}
 
 
 def load_results(
-    eval_dir: Path, baseline_dir: Path | None = None, experiment_order: tuple[str, ...] = ()
+    eval_dir: Path, baseline_dir: Path | None = None, experiments: tuple[str, ...] | None = None
 ) -> dict[str, dict[str, Any]]:
-    """``{method: metrics}``: baselines and the warm start first, then the experiments in
-    ``experiment_order`` (a presets file's: algorithms, then their ablations), then the rest by name.
+    """``{method: metrics}``: baselines and the warm start first, then ``experiments`` in
+    their order (a presets file's: algorithms, then their ablations).
 
+    ``experiments`` is the params' list: a ``<name>.json`` left behind by an experiment
+    that was removed or renamed is skipped (with a warning), so a report never shows a
+    run the params no longer describe. ``None`` takes every file, by name.
     With ``baseline_dir`` (a presets report), the baselines and the warm start come from
     there and only the experiments from ``eval_dir``.
     """
@@ -38,15 +44,21 @@ def load_results(
         shared = {m: baseline_dir / f"{m}.json" for m in BASELINE_ORDER}
         results.update({m: json.loads(f.read_text()) for m, f in shared.items() if f.exists()})
     order = [m for m in BASELINE_ORDER if m in results]
-    order += [m for m in experiment_order if m in results and m not in order]
-    order += sorted(set(results) - set(order))
+    if experiments is None:
+        order += sorted(set(results) - set(order))
+    else:
+        order += [m for m in experiments if m in results and m not in order]
+        for stale in sorted(set(results) - set(order)):
+            log.warning("%s: no experiment %r in params, left out of the report", eval_dir / f"{stale}.json", stale)
     return {m: results[m] for m in order}
 
 
-def results_rows(eval_dir: Path, baseline_dir: Path | None = None) -> list[dict[str, Any]]:
+def results_rows(
+    eval_dir: Path, baseline_dir: Path | None = None, experiments: tuple[str, ...] | None = None
+) -> list[dict[str, Any]]:
     """One flat row per method (EM and F1, overall and per source): the flow's table artifact."""
     rows = []
-    for method, r in load_results(eval_dir, baseline_dir).items() if eval_dir.is_dir() else ():
+    for method, r in load_results(eval_dir, baseline_dir, experiments).items() if eval_dir.is_dir() else ():
         row: dict[str, Any] = {"method": method, "n": r["n"], "em": r["em"], "f1": r["f1"]}
         for source, by in sorted(r.get("by_source", {}).items()):
             row[f"em_{source}"] = by["em"]
@@ -238,14 +250,20 @@ def read_curve(tsv: Path) -> tuple[list[int], list[float]]:
     return steps, values
 
 
-def training_curves(live_dir: Path, out_png: Path) -> list[str]:
-    """One panel per metric of CURVES, one line per experiment (dvclive/<experiment>/)."""
+def training_curves(live_dir: Path, out_png: Path, names: tuple[str, ...] | None = None) -> list[str]:
+    """One panel per metric of CURVES, one line per experiment (dvclive/<experiment>/).
+
+    ``names`` (the params' experiments) leaves out the history of a removed or renamed
+    experiment; ``None`` plots every folder."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    experiments = sorted(p for p in live_dir.glob("*") if (p / "plots" / "metrics").is_dir()) if live_dir.is_dir() else []
+    found = sorted(p for p in live_dir.glob("*") if (p / "plots" / "metrics").is_dir()) if live_dir.is_dir() else []
+    experiments = [p for p in found if names is None or p.name in names]
+    for stale in sorted({p.name for p in found} - {p.name for p in experiments}):
+        log.warning("%s: no experiment %r in params, left out of the curves", live_dir / stale, stale)
     fig, axes = plt.subplots(1, len(CURVES), figsize=(5 * len(CURVES) + 2.5, 3.6))  # + the legend
     colors = series_colors(len(experiments))
     for ax, (metric, title) in zip(axes, CURVES):
@@ -277,11 +295,11 @@ def write_report(
     ablation_png: Path | None = None,
     warm_start: bool = True,
 ) -> str:
-    """Write ``out_md`` (and its charts); ``experiments`` (name -> ExperimentConfig) adds
-    their labels, the paper's numbers and, for ablations, the Table-4 section.
+    """Write ``out_md`` (and its charts); ``experiments`` (name -> ExperimentConfig) picks the
+    trained rows (``None``: every file in ``eval_dir``) and adds their labels, the paper's numbers and, for ablations, the Table-4 section.
     ``warm_start`` false (sft.enabled false) relabels the "sft" row: no SFT happened."""
+    results = load_results(eval_dir, baseline_dir, None if experiments is None else tuple(experiments))
     experiments = experiments or {}
-    results = load_results(eval_dir, baseline_dir, tuple(experiments))
     if not results:
         raise FileNotFoundError(f"no metrics in {eval_dir}: run the baselines/evaluate stages first")
     labels = {name: e.label for name, e in experiments.items() if e.label}

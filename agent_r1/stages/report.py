@@ -20,7 +20,7 @@ def report(params: Params) -> None:
 
     # In-domain = the sources the policy trains on; every other test source is out-of-domain.
     in_domain = sorted(pd.read_parquet(paths.TRAIN_QUESTIONS, columns=["source"])["source"].unique())
-    curves = training_curves(paths.LIVE_DIR, paths.TRAINING_PNG)
+    curves = training_curves(paths.LIVE_DIR, paths.TRAINING_PNG, tuple(params.experiments))
     extra = ()
     if curves:
         extra = (
