@@ -167,12 +167,18 @@ def looks_local(value: str) -> bool:
     return _HUB_ID.fullmatch(value) is None
 
 
-def missing_folder(value: str) -> str | None:
-    """Why ``value`` is not a usable local folder (``~`` expanded, relative to the working directory), or None."""
+def path_problem(value: str, hub_ids: bool) -> str | None:
+    """Why ``value`` is no usable model location, or None.
+
+    Usable: an existing folder (``~`` expanded; relative to the working directory, the repo root for
+    the stages), or, when ``hub_ids``, a hub id that is not a path here. A value that looks local
+    (:func:`looks_local`) or names an existing file is never taken for a hub id.
+    """
     folder = Path(value).expanduser()
-    if folder.is_dir():
+    if folder.is_dir() or (hub_ids and not folder.exists() and not looks_local(value)):
         return None
-    return f"local path {value!r} is not a folder" if folder.exists() else f"local path {value!r} does not exist"
+    problem = f"local path {value!r} {'is not a folder' if folder.exists() else 'does not exist'}"
+    return problem + (" (a hub id is name or org/name)" if hub_ids else "")
 
 
 def _check_pin(sha256: str | None, package: str | None) -> str | None:
@@ -205,8 +211,8 @@ class ModelConfig(_Strict):
     @classmethod
     def _local_path_exists(cls, v: str | None) -> str | None:
         # a missing local folder must fail here, not become a hub download attempt in the download stage
-        if v is not None and (looks_local(v) or Path(v).expanduser().exists()) and (problem := missing_folder(v)):
-            raise ValueError(f"{problem} (a hub id is name or org/name)")
+        if v is not None and (problem := path_problem(v, hub_ids=True)):
+            raise ValueError(problem)
         return v
 
     @field_validator("sha256")
@@ -232,7 +238,7 @@ class EncoderConfig(_Strict):
     @classmethod
     def _folder_exists(cls, v: str | None) -> str | None:
         # only a local folder is supported here (no hub ids), so every value must exist
-        if v is not None and (problem := missing_folder(v)):
+        if v is not None and (problem := path_problem(v, hub_ids=False)):
             raise ValueError(problem)
         return v
 
