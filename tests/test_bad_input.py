@@ -114,7 +114,8 @@ def test_prepare_stage_rejects_an_empty_answer_naming_question_and_file(tmp_path
         "_id": "abc123", "answer": "The", "question": "Which article?", "type": "bridge",
         "supporting_facts": [["Acme", 0]], "context": [["Acme", ["Acme was founded by Ann Lee."]]],
     }
-    (raw / "hotpotqa" / "dev.json").write_text(json.dumps([record]))
+    fine = dict(record, _id="def456", answer="Ann Lee", question="Who founded Acme?")  # both splits get one
+    (raw / "hotpotqa" / "dev.json").write_text(json.dumps([fine, record]))
     (raw / "source.json").write_text(json.dumps({"sources": {"hotpotqa": "hotpotqa/dev.json"}, "test_only": []}))
     (tmp_path / "params.yaml").write_text(yaml.safe_dump({"data": {"source": "hotpotqa"}}))
     proc = _stage("agent_r1.stages.prepare", tmp_path)
