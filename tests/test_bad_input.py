@@ -56,6 +56,8 @@ def _break(path: Path, how: str) -> None:
         two = pd.concat([df, df.assign(id="q2")], ignore_index=True)
         two.loc[1, "question"] = None
         two.to_parquet(path, index=False)
+    elif how == "null alias":
+        df.assign(answers=[["Ann Lee", None]]).to_parquet(path, index=False)
     elif how == "empty answer":
         df.assign(answers=[["The"]]).to_parquet(path, index=False)
 
@@ -69,6 +71,7 @@ def _break(path: Path, how: str) -> None:
         ("missing column", "missing column 'answers'"),
         ("wrong type", "column 'answers' has type large_string, expected list<string>"),
         ("null", "column 'question' has 1 null values"),
+        ("null alias", "column 'answers' has 1 null list items"),
         ("empty answer", "question id 'q1': answer 'The' normalises to the empty string"),
     ],
 )

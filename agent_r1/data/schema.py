@@ -113,6 +113,7 @@ def _string_type(t: pa.DataType) -> bool:
 def _column_problem(table: pa.Table, column: str) -> str | None:
     """What is wrong with ``column`` of a prepared table (absent, wrong type, nulls), or None."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     if column not in table.column_names:
         return f"missing column {column!r}"
@@ -125,6 +126,8 @@ def _column_problem(table: pa.Table, column: str) -> str | None:
         return f"column {column!r} has type {t}, expected {want}"
     if nulls := table.column(column).null_count:
         return f"column {column!r} has {nulls} null values"
+    if column in _LIST_COLUMNS and (nulls := pc.list_flatten(table.column(column)).null_count):
+        return f"column {column!r} has {nulls} null list items"
     return None
 
 
