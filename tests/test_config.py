@@ -159,9 +159,10 @@ def test_duplicate_experiment_in_presets_is_named(tmp_path: Path) -> None:
 
     presets = tmp_path / "presets.yaml"
     presets.write_text(
-        "experiments:\n  ppo:\n    overrides: {algorithm: {name: ppo}}\n  ppo:\n    overrides: {algorithm: {name: rloo}}\n"
+        "experiments:\n  ppo:\n    init: base\n    overrides: {algorithm: {name: ppo}}\n"
+        "  ppo:\n    init: base\n    overrides: {algorithm: {name: rloo}}\n"
     )
-    with pytest.raises(ParamsError, match=r"presets.yaml(.|\n)*line 4: duplicate key 'ppo' \(first at line 2\)"):
+    with pytest.raises(ParamsError, match=r"presets.yaml(.|\n)*line 5: duplicate key 'ppo' \(first at line 2\)"):
         with_presets(Params(), presets)
 
 
