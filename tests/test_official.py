@@ -590,3 +590,37 @@ def test_several_sources_download_and_prepare_together(tmp_path: Path, monkeypat
     other = parse_params({"data": {"source": "hotpotqa", "real": {"url": files["hotpotqa"].as_uri()}}})
     with pytest.raises(ValueError, match="run the download stage"):
         load_source(other)
+
+
+# ------------------------------------------------------- empty answers (EM)
+@pytest.mark.parametrize("answer", ["The", "a", "...", " an  "])
+@pytest.mark.parametrize("source", ["hotpotqa", "2wikimultihopqa", "musique"])
+def test_answer_normalising_to_empty_is_rejected_naming_question_and_file(
+    tmp_path: Path, source: str, answer: str
+) -> None:
+    """An empty prediction matches an answer that normalises to "": such a question is refused at read time."""
+    records = {"hotpotqa": HOTPOT, "2wikimultihopqa": TWOWIKI, "musique": MUSIQUE}[source]
+    id_key = "id" if source == "musique" else "_id"
+    bad = [dict(records[0], answer=answer), *records[1:]]
+    write = _write_jsonl if source == "musique" else _write_json
+    path = write(tmp_path / ("dev.jsonl" if source == "musique" else "dev.json"), bad)
+    with pytest.raises(OfficialFormatError) as err:
+        read_official(source, path)
+    msg = str(err.value)
+    assert str(path) in msg and repr(records[0][id_key]) in msg and "normalises to the empty string" in msg
+
+
+@pytest.mark.parametrize("source", ["2wikimultihopqa", "musique"])
+def test_empty_aliases_are_dropped_and_counted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, source: str
+) -> None:
+    if source == "musique":
+        rec = dict(MUSIQUE[0], answer_aliases=["Miquette", "the", "?!"])
+        path, qid, want = _write_jsonl(tmp_path / "dev.jsonl", [rec]), rec["id"], ["Miquette Giraudy", "Miquette"]
+    else:
+        rec = dict(TWOWIKI[1], aliases=["Mang jing", "", "An"])
+        path, qid, want = _write_json(tmp_path / "dev.json", [rec]), rec["_id"], ["Blind Shaft", "Mang jing"]
+    with caplog.at_level(logging.WARNING, logger="agent_r1.data.schema"):
+        q, _ = read_official(source, path)
+    assert list(_row(q, qid)["answers"]) == want
+    assert f"{path}: dropped 2 answer aliases that normalise to the empty string" in caplog.text

@@ -147,14 +147,14 @@ def test_presets_report_rows_follow_the_presets_order(tmp_path: Path) -> None:
 def test_report_stage_leaves_out_removed_experiments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An experiment renamed in params.yaml (old -> grpo) leaves metrics/eval/old.json and
     dvclive/old behind: the report stage must show neither, only what params describe."""
-    import pandas as pd
-
-    from agent_r1.config import Params
+    from agent_r1.config import Params, SyntheticConfig
+    from agent_r1.data.synthetic import generate
+    from agent_r1.io import write_parquet
     from agent_r1.stages.report import report
 
     monkeypatch.chdir(tmp_path)
-    Path("data/prepared").mkdir(parents=True)
-    pd.DataFrame({"source": ["synthetic"]}).to_parquet("data/prepared/train.parquet")
+    questions, _ = generate(SyntheticConfig(n_train=20, n_test=4, n_test_ood=2, entities_per_type=20), seed=0)
+    write_parquet("data/prepared/train.parquet", questions[questions["split"] == "train"])
     Path("metrics/eval").mkdir(parents=True)
     for method in ("sft", "grpo", "old"):
         Path(f"metrics/eval/{method}.json").write_text(json.dumps(aggregate([ep("synthetic", 1, 1)], method)))

@@ -266,3 +266,21 @@ def test_infeasible_sizes_name_the_field(overrides: dict, field_name: str) -> No
     cfg = SyntheticConfig(**{**SMALL, **overrides})
     with pytest.raises(ValueError, match=rf"SyntheticConfig\.{field_name}={getattr(cfg, field_name)} "):
         generate(cfg, SEED)
+
+
+def test_generated_answer_normalising_to_empty_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The synthetic world goes through the same check: a punctuation-only answer fails, naming the question."""
+    from agent_r1.config import SyntheticConfig
+    from agent_r1.data import synthetic
+    from agent_r1.data.schema import SchemaError
+
+    real, calls = synthetic._answer_value, []
+
+    def first_answer_is_punctuation(world, e, fact):  # fault injection: one answer becomes "!!"
+        calls.append(fact)
+        return "!!" if len(calls) == 1 else real(world, e, fact)
+
+    monkeypatch.setattr(synthetic, "_answer_value", first_answer_is_punctuation)
+    cfg = SyntheticConfig(n_train=40, n_test=20, n_test_ood=10, entities_per_type=40)
+    with pytest.raises(SchemaError, match=r"synthetic\(seed=3\): question id 'syn-\w+-\d+': answer '!!' normalises to the empty string"):
+        synthetic.generate(cfg, seed=3)

@@ -57,7 +57,7 @@ CORPUS_FILE = "corpus.parquet"
 _MISSING = object()
 
 
-class OfficialFormatError(ValueError):
+class OfficialFormatError(SchemaError):
     """An official dataset file is not in the published format; the message names file, line/record and field."""
 
 

@@ -13,13 +13,12 @@ log = logging.getLogger(__name__)
 
 
 def baselines(params: Params) -> None:
-    import pandas as pd
-
+    from agent_r1.data.schema import read_questions
     from agent_r1.evaluation.evaluate import evaluate_naive_rag, evaluate_policy, select_questions
     from agent_r1.retrieval import load_index
 
     records = select_questions(
-        pd.read_parquet(paths.TEST_QUESTIONS), params.eval.questions_per_source, params.eval.seed
+        read_questions(paths.TEST_QUESTIONS), params.eval.questions_per_source, params.eval.seed
     )
     index = load_index(paths.INDEX_DIR / params.retrieval.index)
     log.info("Naive RAG on %d test questions", len(records))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from agent_r1 import paths
 from agent_r1.config import Params, ParamsError, load_params, with_presets
+from agent_r1.data.schema import SchemaError
 
 
 def run_stage(
@@ -22,8 +23,8 @@ def run_stage(
     """Validate params (fail fast, naming the key), then run ``body(params)``,
     or ``body(params, experiment)`` for the per-experiment stages.
 
-    Exit code 2 on bad params so DVC/Prefect report the stage as failed
-    without a traceback burying the message.
+    Exit code 2 on bad params, or on input data that breaks the schema, so
+    DVC/Prefect report the stage as failed without a traceback burying the message.
     """
     parser = argparse.ArgumentParser(prog=f"agent_r1.stages.{name}")
     parser.add_argument("--params", default="params.yaml")
@@ -50,4 +51,8 @@ def run_stage(
     except ParamsError as exc:
         print(exc, file=sys.stderr)
         sys.exit(2)
-    body(params, args.experiment) if experiment_arg else body(params)
+    try:
+        body(params, args.experiment) if experiment_arg else body(params)
+    except SchemaError as exc:  # bad data (a prepared parquet, an official file): the file and problem, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -19,8 +19,7 @@ SFT = "sft"  # the warm start's own row in the results table
 
 
 def evaluate(params: Params, experiment: str) -> None:
-    import pandas as pd
-
+    from agent_r1.data.schema import read_questions
     from agent_r1.evaluation.evaluate import evaluate_policy, select_questions
     from agent_r1.retrieval import load_index
 
@@ -29,7 +28,7 @@ def evaluate(params: Params, experiment: str) -> None:
         model = paths.SFT_MODEL
     else:
         p, model = experiment_params(params, experiment), paths.TRAINED_DIR / experiment
-    records = select_questions(pd.read_parquet(paths.TEST_QUESTIONS), p.eval.questions_per_source, p.eval.seed)
+    records = select_questions(read_questions(paths.TEST_QUESTIONS), p.eval.questions_per_source, p.eval.seed)
     result = evaluate_policy(model, load_index(paths.INDEX_DIR / p.retrieval.index), records, p, experiment)
     write_json(paths.EVAL_METRICS_DIR / f"{experiment}.json", result)
     log.info("%s: EM %.4f F1 %.4f answer rate %.3f", experiment, result["em"], result["f1"], result["answer_rate"])

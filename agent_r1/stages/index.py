@@ -20,13 +20,12 @@ KINDS = ("bm25", "dense")
 
 def index(params: Params) -> None:
     # Imported here so that bad params are rejected before the heavy imports.
-    import pandas as pd
-
+    from agent_r1.data.schema import read_corpus, read_questions
     from agent_r1.retrieval import build_index
     from agent_r1.retrieval.metrics import retrieval_metrics
 
-    corpus = pd.read_parquet(paths.CORPUS)
-    test = pd.read_parquet(paths.TEST_QUESTIONS)
+    corpus = read_corpus(paths.CORPUS)
+    test = read_questions(paths.TEST_QUESTIONS)
     top_k = params.retrieval.top_k
     metrics: dict = {"top_k": top_k, "agent_index": params.retrieval.index}
     for kind in KINDS:

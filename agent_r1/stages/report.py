@@ -14,12 +14,11 @@ log = logging.getLogger(__name__)
 
 
 def report(params: Params) -> None:
-    import pandas as pd
-
+    from agent_r1.data.schema import read_questions
     from agent_r1.evaluation.report import training_curves, write_report
 
     # In-domain = the sources the policy trains on; every other test source is out-of-domain.
-    in_domain = sorted(pd.read_parquet(paths.TRAIN_QUESTIONS, columns=["source"])["source"].unique())
+    in_domain = sorted(read_questions(paths.TRAIN_QUESTIONS)["source"].unique())
     curves = training_curves(paths.LIVE_DIR, paths.TRAINING_PNG, tuple(params.experiments))
     extra = ()
     if curves:

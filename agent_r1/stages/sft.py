@@ -13,8 +13,7 @@ log = logging.getLogger(__name__)
 
 
 def sft(params: Params) -> None:
-    import pandas as pd
-
+    from agent_r1.data.schema import read_questions
     from agent_r1.io import atomic_dir
 
     if not params.sft.enabled:
@@ -30,7 +29,7 @@ def sft(params: Params) -> None:
     from agent_r1.training.sft import train_sft
 
     env_params = params.model_copy(update={"env": params.env.model_copy(update={"one_shot": params.sft.one_shot})})
-    train = pd.read_parquet(paths.TRAIN_QUESTIONS).to_dict("records")
+    train = read_questions(paths.TRAIN_QUESTIONS).to_dict("records")
     summary = train_sft(
         env_params,
         init_model=paths.POLICY_DIR,

@@ -35,7 +35,7 @@ def relaunch_under_deepspeed(num_procs: int) -> None:
 
 
 def train(params: Params, experiment: str) -> None:
-    import pandas as pd
+    from agent_r1.data.schema import read_questions
 
     exp = params.experiments[experiment]
     p = experiment_params(params, experiment)
@@ -47,13 +47,13 @@ def train(params: Params, experiment: str) -> None:
     from agent_r1.training.trainer import train_rl
 
     init = paths.SFT_MODEL if exp.init == "sft" else paths.POLICY_DIR
-    test = pd.read_parquet(paths.TEST_QUESTIONS)
+    test = read_questions(paths.TEST_QUESTIONS)
     per_source = max(1, p.train.eval_questions // max(test["source"].nunique(), 1))
     summary = train_rl(
         p,
         init_model=init,
         index_path=paths.INDEX_DIR / p.retrieval.index,
-        train_questions=pd.read_parquet(paths.TRAIN_QUESTIONS).to_dict("records"),
+        train_questions=read_questions(paths.TRAIN_QUESTIONS).to_dict("records"),
         eval_questions=select_questions(test, per_source, p.eval.seed),
         out_model=paths.TRAINED_DIR / experiment,
         checkpoint_dir=paths.CHECKPOINT_DIR / experiment,
