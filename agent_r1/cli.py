@@ -134,7 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     conv.set_defaults(func=_data_convert)
 
     search = sub.add_parser("search", help="query an index (folder or http:// URL)")
-    search.add_argument("--index", default=None, help="index folder or http(s):// URL (default: retrieval.index of --params)")
+    search.add_argument(
+        "--index", default=None, help="index folder or http(s):// URL (default: retrieval.index of --params)"
+    )
     search.add_argument("--params", default="params.yaml")
     search.add_argument("--top-k", type=int, default=3)
     search.add_argument("--json", action="store_true", help="one JSON line per query")

@@ -183,7 +183,7 @@ def test_server_refuses_large_bodies_and_the_client_stays_under_the_limit(http, 
         headers={"content-type": "application/json"},
     )
     for resp in (declared, streamed):
-        assert resp.status_code == 413, resp.text
+        assert resp.status_code == 413, resp.text[:300]
         assert resp.json() == {"detail": f"request body over {MAX_BODY_BYTES} bytes; send at most 1024 queries "
                                          f"of {MAX_QUERY_CHARS} characters per request"}
     chunks = request_chunks(queries, 3)

@@ -152,7 +152,7 @@ def run_with_timeout(fns: list[Callable[[], Any]], timeouts: list[float]) -> lis
         if t.is_alive():
             outcomes.append(_Outcome(ok=False, error=f"timed out after {timeout_s:g} s", timed_out=True))
         elif "fatal" in box:
-            outcomes.append(_Outcome(ok=False, error=f"failed: {box['fatal']}", fatal=box["fatal"]))
+            outcomes.append(_Outcome(ok=False, fatal=box["fatal"]))
         elif "error" in box:
             outcomes.append(_Outcome(ok=False, error=f"failed: {box['error']}"))
         else:
@@ -291,7 +291,9 @@ class ToolEnv:
             result = _Outcome(ok=False, error=f"failed: batch_execute returned {got} results for {n} calls")
         elif n > 1 and not result.error.startswith("timed out"):
             log.warning("tool %r batch of %d calls %s; retrying one by one", name, n, result.error)
-            single = run_with_timeout([_bound(self.tools[name].execute, a) for _, _, a in calls], [self._timeout(name)] * n)
+            single = run_with_timeout(
+                [_bound(self.tools[name].execute, a) for _, _, a in calls], [self._timeout(name)] * n
+            )
             self._raise_infrastructure(name, single)
             return single
         log.warning("tool %r %s (%d calls)", name, result.error, n)

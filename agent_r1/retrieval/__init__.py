@@ -213,4 +213,6 @@ def check_index(location: str | Path, key: str = "retrieval.index") -> None:
             raise RetrievalServerError(f"{key}: {exc}") from None
     if health["status"] != "ok":
         raise RetrievalServerError(f"{key}: retrieval server at {location} reports status {health['status']!r}")
-    log.info("%s: the retrieval server at %s serves a %s index of %d documents", key, location, health["kind"], health["n_docs"])
+    log.info(
+        "%s: the retrieval server at %s serves a %s index of %d documents", key, location, health["kind"], health["n_docs"]
+    )

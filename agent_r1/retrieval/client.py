@@ -96,12 +96,12 @@ def request_chunks(queries: list[str], top_k: int) -> list[list[str]]:
     current: list[str] = []
     size = overhead
     for query in queries:
-        extra = len(json.dumps(query).encode()) + (1 if current else 0)  # +1: the comma
-        if current and (len(current) == MAX_QUERIES_PER_REQUEST or size + extra > MAX_BODY_BYTES):
+        cost = len(json.dumps(query).encode())
+        if current and (len(current) == MAX_QUERIES_PER_REQUEST or size + 1 + cost > MAX_BODY_BYTES):
             chunks.append(current)
-            current, size, extra = [], overhead, extra - 1
+            current, size = [], overhead
+        size += cost + (1 if current else 0)  # a comma before every query but the first
         current.append(query)
-        size += extra
     if current:
         chunks.append(current)
     return chunks
@@ -132,7 +132,9 @@ class RemoteIndex:
         if backoff_s is not None:
             self.backoff_s = backoff_s
         if self.retries < 0 or self.backoff_s < 0 or self.timeout <= 0:
-            raise ValueError(f"need retries >= 0, backoff_s >= 0, timeout > 0; got {self.retries}, {self.backoff_s}, {self.timeout}")
+            raise ValueError(
+                f"need retries >= 0, backoff_s >= 0, timeout > 0; got {self.retries}, {self.backoff_s}, {self.timeout}"
+            )
         self._http = httpx.Client(timeout=self.timeout)
 
     def _delay(self, attempt: int) -> float:
@@ -171,7 +173,9 @@ class RemoteIndex:
                     f"retrieval server at {url} failed {attempt} attempts in a row; last: {problem}"
                 )
             delay = self._delay(attempt)
-            log.warning("retrieval server at %s: attempt %d failed (%s); retrying in %.2g s", url, attempt, problem, delay)
+            log.warning(
+                "retrieval server at %s: attempt %d failed (%s); retrying in %.2g s", url, attempt, problem, delay
+            )
             time.sleep(delay)
         raise AssertionError("unreachable")
 
@@ -194,7 +198,9 @@ class RemoteIndex:
                     f"retrieval server at {url} returned {len(answer.results)} result lists for {len(chunk)} queries"
                 )
             if any(len(hits) > top_k for hits in answer.results):
-                raise RetrievalServerError(f"retrieval server at {url} returned more than top_k={top_k} hits for a query")
+                raise RetrievalServerError(
+                    f"retrieval server at {url} returned more than top_k={top_k} hits for a query"
+                )
             results.extend([Hit(**h.model_dump()) for h in hits] for hits in answer.results)
         return results
 
