@@ -7,6 +7,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agent_r1.config import Params
 
 
 def _params_check(args: argparse.Namespace) -> int:
@@ -33,13 +37,27 @@ def _data_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _index_arg(args: argparse.Namespace, params: Params | None = None) -> str | Path:
+    """``--index`` as given, else where ``retrieval.index`` of ``--params`` lives (a folder or a server URL)."""
+    from agent_r1.config import load_params
+    from agent_r1.paths import index_location
+
+    if args.index is not None:
+        return args.index
+    return index_location((params or load_params(args.params)).retrieval.index)
+
+
 def _search(args: argparse.Namespace) -> int:
+    from agent_r1.config import ParamsError
     from agent_r1.retrieval import IndexFormatError, load_index
     from agent_r1.retrieval.client import RetrievalServerError
 
     try:
-        index = load_index(args.index)
+        index = load_index(_index_arg(args))
         results = index.search(list(args.query), args.top_k)
+    except ParamsError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     except (IndexFormatError, RetrievalServerError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -54,8 +72,11 @@ def _search(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    import logging
+
     from agent_r1.retrieval.server import serve
 
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s [serve] %(levelname)s %(message)s", datefmt="%H:%M:%S")
     serve(args.index, host=args.host, port=args.port)
     return 0
 
@@ -75,7 +96,7 @@ def _chat(args: argparse.Namespace) -> int:
         return 2
     env_cfg = params.env if args.one_shot is None else params.env.model_copy(update={"one_shot": args.one_shot})
     engine = make_rollout_engine(args.model, params.rollout)
-    env = ToolEnv([SearchTool(load_index(args.index), env_cfg.top_k)], env_cfg)
+    env = ToolEnv([SearchTool(load_index(_index_arg(args, params)), env_cfg.top_k)], env_cfg)
     record = {"id": "chat", "question": args.question, "answers": args.answer or [""],
               "supporting_titles": [], "type": "chat", "source": "chat"}
     rollout = params.rollout.model_copy(update={"n": 1, "seed": args.seed})
@@ -113,7 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
     conv.set_defaults(func=_data_convert)
 
     search = sub.add_parser("search", help="query an index (folder or http:// URL)")
-    search.add_argument("--index", required=True)
+    search.add_argument(
+        "--index", default=None, help="index folder or http(s):// URL (default: retrieval.index of --params)"
+    )
+    search.add_argument("--params", default="params.yaml")
     search.add_argument("--top-k", type=int, default=3)
     search.add_argument("--json", action="store_true", help="one JSON line per query")
     search.add_argument("query", nargs="+")
@@ -127,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat = sub.add_parser("chat", help="run one episode and print it with masks and rewards")
     chat.add_argument("question")
     chat.add_argument("--model", default="models/policy", help="a transformers folder (e.g. models/trained/grpo)")
-    chat.add_argument("--index", default="indexes/bm25", help="index folder or http:// URL")
+    chat.add_argument("--index", default=None, help="index folder or http(s):// URL (default: retrieval.index)")
     chat.add_argument("--params", default="params.yaml")
     chat.add_argument("--answer", action="append", help="gold answer(s), to score the episode")
     chat.add_argument("--sample", action="store_true", help="sample at rollout.temperature instead of greedy")

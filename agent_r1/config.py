@@ -13,6 +13,7 @@ import copy
 import re
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -24,6 +25,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from agent_r1.paths import REMOTE_INDEX_SCHEMES
 
 DEFAULT_PARAMS = Path("params.yaml")
 
@@ -260,11 +263,31 @@ class ServerConfig(_Strict):
 
 
 class RetrievalConfig(_Strict):
-    index: Literal["bm25", "dense"] = Field("bm25", description="the index the agent's search tool uses")
+    index: str = Field(
+        "bm25",
+        description="the index the agent's search tool uses: bm25 | dense (built by the index stage), "
+        "or the http(s):// URL of a retrieval server (`agent-r1 serve`)",
+    )
     top_k: int = Field(3, ge=1, le=100, description="k of the retrieval metrics (recall@k) and of `agent-r1 search`")
     bm25: BM25Config = BM25Config()
     encoder: EncoderConfig = EncoderConfig()
     server: ServerConfig = ServerConfig()
+
+    @field_validator("index")
+    @classmethod
+    def _kind_or_url(cls, v: str) -> str:
+        if v in ("bm25", "dense") or _is_server_url(v):
+            return v
+        raise ValueError(f"must be 'bm25', 'dense' or the http(s)://host:port URL of a retrieval server, got {v!r}")
+
+
+def _is_server_url(v: str) -> bool:
+    parts = urlsplit(v)
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number in 0-65535
+    except ValueError:
+        return False
+    return v.startswith(REMOTE_INDEX_SCHEMES) and bool(parts.hostname) and not (parts.query or parts.fragment)
 
 
 # ------------------------------------------------------------- env / reward

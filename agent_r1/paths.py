@@ -18,6 +18,7 @@ POLICY_DIR = MODELS_DIR / "policy"  # transformers folder of the base policy
 ENCODER_DIR = MODELS_DIR / "encoder"  # sentence-transformers folder for dense retrieval
 
 INDEX_DIR = Path("indexes")
+REMOTE_INDEX_SCHEMES = ("http://", "https://")  # retrieval.index: a retrieval server, not a folder
 METRICS_DIR = Path("metrics")
 RETRIEVAL_METRICS = METRICS_DIR / "retrieval.json"
 PREPARE_METRICS = METRICS_DIR / "data.json"
@@ -37,6 +38,11 @@ CHECKPOINT_DIR = Path("checkpoints")  # checkpoints/<experiment>: DeepSpeed chec
 LIVE_DIR = Path("dvclive")  # dvclive/<experiment>: per-step training metrics and plots
 TRAIN_METRICS_DIR = METRICS_DIR / "train"
 EXPERIMENT_ROOT = Path(".")
+
+
+def index_location(index: str) -> Path | str:
+    """Where ``retrieval.index`` lives: a retrieval server's URL as is, else the index stage's folder of that kind."""
+    return index if index.startswith(REMOTE_INDEX_SCHEMES) else INDEX_DIR / index
 
 
 def set_experiment_root(root: Path) -> None:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pandas as pd
 import pytest
 
-from agent_r1.config import RetrievalConfig
-from agent_r1.env.tools import SearchTool, Tool
+from agent_r1.config import EnvConfig, RetrievalConfig
+from agent_r1.env import ToolEnv
+from agent_r1.env.tools import SearchTool, Tool, ToolInfrastructureError
 from agent_r1.retrieval.base import Hit
 
 
@@ -126,3 +128,48 @@ def test_search_tool_over_a_real_bm25_index(tmp_path) -> None:
     hits = tool.batch_execute([{"query": "Ilsa Brandt born"}, {"query": "water pumps"}])
     assert hits[0][0].title == "Ilsa Brandt" and len(hits[0]) <= 2
     assert hits[1][0].doc_id == "d3"
+
+
+# ------------------------------------------------- failures that are not the agent's
+class DeadBackend:
+    """An index whose backend is gone: every search raises an infrastructure error."""
+
+    deadline_s = 0.05  # it would give up by itself this fast
+
+    def __init__(self, hang: bool = False) -> None:
+        self.calls = 0
+        self.hang = hang
+        self.release = threading.Event()
+
+    def search(self, queries: list[str], top_k: int) -> list[list[Hit]]:
+        self.calls += 1
+        if self.hang:
+            self.release.wait(60)
+            return [[] for _ in queries]
+        raise ToolInfrastructureError("search backend at http://10.0.0.9:8765 is down")
+
+
+TWO_SEARCHES = ["<search>alpha</search>", "<search>beta</search>"]
+RECORD = {"id": "q", "question": "Where?", "answers": ["here"]}
+
+
+def test_an_infrastructure_error_stops_the_step_instead_of_scoring_invalid_calls() -> None:
+    index = DeadBackend()
+    env = ToolEnv([SearchTool(index, 2)], EnvConfig())
+    episodes = [env.reset(RECORD), env.reset(RECORD)]
+    with pytest.raises(ToolInfrastructureError, match="http://10.0.0.9:8765 is down"):
+        env.step_batch(episodes, TWO_SEARCHES)
+    assert index.calls == 1  # not retried call by call: the backend, not a call, failed
+    assert [ep.invalid_calls for ep in episodes] == [0, 0] and [ep.turn_rewards for ep in episodes] == [[], []]
+
+
+def test_a_backend_that_overruns_its_own_deadline_stops_the_step() -> None:
+    index = DeadBackend(hang=True)
+    tool = SearchTool(index, 2)
+    assert tool.backend_deadline_s == 0.05
+    env = ToolEnv([tool], EnvConfig(tool_timeout_s=0.05))
+    try:
+        with pytest.raises(ToolInfrastructureError, match="'search' did not return within 0.1 s, although its backend"):
+            env.step_batch([env.reset(RECORD)], TWO_SEARCHES[:1])
+    finally:
+        index.release.set()

@@ -13,7 +13,11 @@ Per turn, for each episode:
 * tool calls: each is validated (unknown tool, bad arguments -> invalid), the
   valid ones run; a tool that raises or outlives ``tool_timeout_s`` gives an
   error result (invalid) instead of an exception or a hang; the observation
-  holds one rendered result per call, in order;
+  holds one rendered result per call, in order. The exception is a tool whose
+  backend failed (:class:`~agent_r1.env.tools.ToolInfrastructureError`, or an
+  overrun of the tool's own ``backend_deadline_s``): that is not the agent's
+  fault, so ``step_batch`` raises it and the run stops; the episodes of that
+  step are left mid-turn;
 * no action (plain text): the episode ends (``"no_action"``): the policy gave
   up, and another turn would just repeat it.
 
@@ -47,7 +51,7 @@ from agent_r1.env.rewards import (
     outcome_reward,
     turn_process_reward,
 )
-from agent_r1.env.tools import Tool
+from agent_r1.env.tools import Tool, ToolInfrastructureError
 from agent_r1.retrieval.base import Hit
 
 log = logging.getLogger(__name__)
@@ -91,6 +95,8 @@ class _Outcome:
     value: Any = None  # the raw result when ok and run
     error: str | None = None
     ran: bool = False
+    fatal: ToolInfrastructureError | None = None  # the backend failed: re-raised, never scored
+    timed_out: bool = False
 
 
 # ------------------------------------------------------------ rendering
@@ -124,25 +130,29 @@ def record_list(record: dict, key: str) -> list[str]:
 
 
 # ------------------------------------------------------------- running
-def run_with_timeout(fns: list[Callable[[], Any]], timeout_s: float) -> list[_Outcome]:
-    """Run each function in its own daemon thread; whatever has not returned by the deadline times out."""
+def run_with_timeout(fns: list[Callable[[], Any]], timeouts: list[float]) -> list[_Outcome]:
+    """Run each function in its own daemon thread; whatever has not returned by its deadline times out."""
     boxes: list[dict[str, Any]] = [{} for _ in fns]
 
     def target(fn: Callable[[], Any], box: dict[str, Any]) -> None:
         try:
             box["value"] = fn()
+        except ToolInfrastructureError as exc:
+            box["fatal"] = exc
         except Exception as exc:
             box["error"] = f"{type(exc).__name__}: {exc}"[:_ERROR_CHARS]
 
     threads = [threading.Thread(target=target, args=(fn, box), daemon=True) for fn, box in zip(fns, boxes)]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + timeout_s
+    start = time.monotonic()
     outcomes = []
-    for t, box in zip(threads, boxes):
-        t.join(max(0.0, deadline - time.monotonic()))
+    for t, box, timeout_s in zip(threads, boxes, timeouts):
+        t.join(max(0.0, start + timeout_s - time.monotonic()))
         if t.is_alive():
-            outcomes.append(_Outcome(ok=False, error=f"timed out after {timeout_s:g} s"))
+            outcomes.append(_Outcome(ok=False, error=f"timed out after {timeout_s:g} s", timed_out=True))
+        elif "fatal" in box:
+            outcomes.append(_Outcome(ok=False, fatal=box["fatal"]))
         elif "error" in box:
             outcomes.append(_Outcome(ok=False, error=f"failed: {box['error']}"))
         else:
@@ -260,9 +270,10 @@ class ToolEnv:
         names = list(pending)
         batch = run_with_timeout(
             [_bound(self.tools[n].batch_execute, [a for _, _, a in pending[n]]) for n in names],
-            self.cfg.tool_timeout_s,
+            [self._timeout(n) for n in names],
         )
         for name, result in zip(names, batch):
+            self._raise_infrastructure(name, [result])
             for (i, k, _), outcome in zip(pending[name], self._per_call(name, pending[name], result)):
                 if not outcome.ok:
                     outcome.error = f"tool {name!r} {outcome.error}"
@@ -280,11 +291,29 @@ class ToolEnv:
             result = _Outcome(ok=False, error=f"failed: batch_execute returned {got} results for {n} calls")
         elif n > 1 and not result.error.startswith("timed out"):
             log.warning("tool %r batch of %d calls %s; retrying one by one", name, n, result.error)
-            return run_with_timeout(
-                [_bound(self.tools[name].execute, a) for _, _, a in calls], self.cfg.tool_timeout_s
+            single = run_with_timeout(
+                [_bound(self.tools[name].execute, a) for _, _, a in calls], [self._timeout(name)] * n
             )
+            self._raise_infrastructure(name, single)
+            return single
         log.warning("tool %r %s (%d calls)", name, result.error, n)
         return [_Outcome(ok=False, error=result.error) for _ in calls]
+
+    def _timeout(self, name: str) -> float:
+        """How long the env waits for a tool: ``tool_timeout_s``, plus the time its backend may spend retrying."""
+        return self.cfg.tool_timeout_s + (self.tools[name].backend_deadline_s or 0.0)
+
+    def _raise_infrastructure(self, name: str, outcomes: list[_Outcome]) -> None:
+        """Stop the run on a failure of the tool's backend: scoring it would blame the agent."""
+        deadline = self.tools[name].backend_deadline_s
+        for outcome in outcomes:
+            if outcome.fatal is not None:
+                raise outcome.fatal
+            if outcome.timed_out and deadline is not None:
+                raise ToolInfrastructureError(
+                    f"tool {name!r} did not return within {self._timeout(name):g} s, although its backend "
+                    f"gives up by itself after {deadline:g} s"
+                )
 
     def _transition(self, ep: Episode, parsed: ParsedAction, outcomes: list[_Outcome]) -> StepResult:
         """Book-keeping, process reward, observation and termination of one episode's turn."""

@@ -6,6 +6,11 @@ wrote, calls the tool, renders the raw result into the observation and scores
 the step. A tool only declares what it accepts (``parameters``, a JSON schema
 of the arguments object, which is also what the chat template's ``tools=``
 shows a tool-calling model) and does the work.
+
+A tool that cannot work for a reason that is not the agent's (its server is
+down or answers garbage) raises :class:`ToolInfrastructureError`: the env
+re-raises it and the run stops, instead of scoring an invalid call that would
+quietly poison the rewards.
 """
 
 from __future__ import annotations
@@ -40,6 +45,14 @@ def json_type_error(value: Any, expected: str | list[str]) -> str | None:
     return f"must be of type {' or '.join(names)}, got {type(value).__name__}"
 
 
+class ToolInfrastructureError(RuntimeError):
+    """A tool's backend failed (not the call the agent wrote); the message names the backend.
+
+    :class:`~agent_r1.env.env.ToolEnv` never turns it into an error observation:
+    it propagates out of ``step_batch`` and stops the rollout.
+    """
+
+
 class Tool(ABC):
     """One atomic action the agent can take.
 
@@ -53,6 +66,10 @@ class Tool(ABC):
     name: str
     description: str
     parameters: dict[str, Any]
+    # Seconds within which the tool's backend gives up by itself (a client that retries with backoff),
+    # or None. The env then waits that long beyond env.tool_timeout_s, so a dead backend reports its own
+    # named error, and treats an overrun as an infrastructure failure rather than the agent's.
+    backend_deadline_s: float | None = None
 
     def validate(self, args: Any) -> str | None:
         """Why ``args`` is not a valid call of this tool, or ``None`` if it is.
@@ -99,7 +116,9 @@ class SearchTool(Tool):
 
     Works with any :class:`SearchIndex` (in-process BM25/dense, or the HTTP
     ``RemoteIndex``); a batch of calls is one ``index.search`` so a rollout
-    step costs one retrieval round trip however many episodes search.
+    step costs one retrieval round trip however many episodes search. An index
+    with a ``deadline_s`` (the remote one: retries take time) lends it to
+    :attr:`backend_deadline_s`.
     """
 
     name = "search"
@@ -116,6 +135,7 @@ class SearchTool(Tool):
             raise ValueError(f"SearchTool top_k must be an integer >= 1, got {top_k!r}")
         self.index = index
         self.top_k = top_k
+        self.backend_deadline_s = getattr(index, "deadline_s", None)
 
     def validate(self, args: Any) -> str | None:
         problem = super().validate(args)

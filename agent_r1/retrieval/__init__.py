@@ -5,6 +5,8 @@ Every index folder holds ``index.json`` (``{"kind", "n_docs", ...settings}``),
 document without a second lookup) and the kind's own files. :func:`load_index`
 dispatches on ``kind``, or returns a :class:`~agent_r1.retrieval.client.RemoteIndex`
 for an ``http(s)://`` URL, so callers never care where the index lives.
+:func:`check_index` is what a stage runs first: a missing folder or a server
+that does not answer fails before any model is loaded.
 
 Index kinds are imported lazily: ``load_index`` of a BM25 folder must not pay
 for importing torch.
@@ -21,12 +23,14 @@ Conventions shared by every kind:
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pandas as pd
 
+from agent_r1.paths import REMOTE_INDEX_SCHEMES
 from agent_r1.retrieval.base import Hit, SearchIndex
 from agent_r1.retrieval.metrics import retrieval_metrics
 
@@ -38,6 +42,7 @@ __all__ = [
     "IndexFormatError",
     "SearchIndex",
     "build_index",
+    "check_index",
     "load_index",
     "retrieval_metrics",
 ]
@@ -45,6 +50,8 @@ __all__ = [
 INDEX_FILE = "index.json"
 DOCS_FILE = "docs.parquet"
 KINDS: tuple[str, ...] = ("bm25", "dense")
+
+log = logging.getLogger(__name__)
 
 
 class IndexFormatError(ValueError):
@@ -170,7 +177,7 @@ def build_index(
 def load_index(path_or_url: str | Path) -> SearchIndex:
     """Open an index folder (dispatching on ``index.json`` kind) or an ``http(s)://`` server."""
     text = str(path_or_url)
-    if text.startswith(("http://", "https://")):
+    if text.startswith(REMOTE_INDEX_SCHEMES):
         from agent_r1.retrieval.client import RemoteIndex
 
         return RemoteIndex(text)
@@ -183,3 +190,29 @@ def load_index(path_or_url: str | Path) -> SearchIndex:
     from agent_r1.retrieval.dense import DenseIndex
 
     return DenseIndex.load(folder)
+
+
+def check_index(location: str | Path, key: str = "retrieval.index") -> None:
+    """Fail before any work if the index ``key`` names is unusable; errors name ``key`` and the location.
+
+    A folder must hold a readable ``index.json``; a server must answer ``/health``
+    with the documented JSON (after the client's usual retries, since it may be starting).
+    """
+    if not str(location).startswith(REMOTE_INDEX_SCHEMES):
+        try:
+            read_manifest(location)
+        except IndexFormatError as exc:
+            raise IndexFormatError(f"{key}: {exc}") from None
+        return
+    from agent_r1.retrieval.client import RemoteIndex, RetrievalServerError
+
+    with RemoteIndex(str(location)) as remote:
+        try:
+            health = remote.health()
+        except RetrievalServerError as exc:
+            raise RetrievalServerError(f"{key}: {exc}") from None
+    if health["status"] != "ok":
+        raise RetrievalServerError(f"{key}: retrieval server at {location} reports status {health['status']!r}")
+    log.info(
+        "%s: the retrieval server at %s serves a %s index of %d documents", key, location, health["kind"], health["n_docs"]
+    )

@@ -15,12 +15,14 @@ log = logging.getLogger(__name__)
 def baselines(params: Params) -> None:
     from agent_r1.data.schema import read_questions
     from agent_r1.evaluation.evaluate import evaluate_naive_rag, evaluate_policy, select_questions
-    from agent_r1.retrieval import load_index
+    from agent_r1.retrieval import check_index, load_index
 
+    location = paths.index_location(params.retrieval.index)
+    check_index(location)
     records = select_questions(
         read_questions(paths.TEST_QUESTIONS), params.eval.questions_per_source, params.eval.seed
     )
-    index = load_index(paths.INDEX_DIR / params.retrieval.index)
+    index = load_index(location)
     log.info("Naive RAG on %d test questions", len(records))
     rag = evaluate_naive_rag(paths.POLICY_DIR, index, records, params, params.eval.naive_rag_max_new_tokens)
     write_json(paths.EVAL_METRICS_DIR / "naive_rag.json", rag)

@@ -21,15 +21,17 @@ SFT = "sft"  # the warm start's own row in the results table
 def evaluate(params: Params, experiment: str) -> None:
     from agent_r1.data.schema import read_questions
     from agent_r1.evaluation.evaluate import evaluate_policy, select_questions
-    from agent_r1.retrieval import load_index
+    from agent_r1.retrieval import check_index, load_index
 
     if experiment == SFT:
         p = params.model_copy(update={"env": params.env.model_copy(update={"one_shot": params.sft.one_shot})})
         model = paths.SFT_MODEL
     else:
         p, model = experiment_params(params, experiment), paths.TRAINED_DIR / experiment
+    location = paths.index_location(p.retrieval.index)
+    check_index(location)
     records = select_questions(read_questions(paths.TEST_QUESTIONS), p.eval.questions_per_source, p.eval.seed)
-    result = evaluate_policy(model, load_index(paths.INDEX_DIR / p.retrieval.index), records, p, experiment)
+    result = evaluate_policy(model, load_index(location), records, p, experiment)
     write_json(paths.EVAL_METRICS_DIR / f"{experiment}.json", result)
     log.info("%s: EM %.4f F1 %.4f answer rate %.3f", experiment, result["em"], result["f1"], result["answer_rate"])
 

@@ -26,14 +26,17 @@ def sft(params: Params) -> None:
         write_json(paths.SFT_METRICS, {"enabled": False})
         return
 
+    from agent_r1.retrieval import check_index
     from agent_r1.training.sft import train_sft
 
+    location = paths.index_location(params.retrieval.index)
+    check_index(location)
     env_params = params.model_copy(update={"env": params.env.model_copy(update={"one_shot": params.sft.one_shot})})
     train = read_questions(paths.TRAIN_QUESTIONS).to_dict("records")
     summary = train_sft(
         env_params,
         init_model=paths.POLICY_DIR,
-        index_path=paths.INDEX_DIR / params.retrieval.index,
+        index_path=location,
         train_questions=train,
         out_model=paths.SFT_MODEL,
     )

@@ -36,9 +36,12 @@ def relaunch_under_deepspeed(num_procs: int) -> None:
 
 def train(params: Params, experiment: str) -> None:
     from agent_r1.data.schema import read_questions
+    from agent_r1.retrieval import check_index
 
     exp = params.experiments[experiment]
     p = experiment_params(params, experiment)
+    location = paths.index_location(p.retrieval.index)
+    check_index(location)  # before launching ranks or loading a model
     if p.train.num_procs > 1 and "LOCAL_RANK" not in os.environ:
         relaunch_under_deepspeed(p.train.num_procs)
 
@@ -52,7 +55,7 @@ def train(params: Params, experiment: str) -> None:
     summary = train_rl(
         p,
         init_model=init,
-        index_path=paths.INDEX_DIR / p.retrieval.index,
+        index_path=location,
         train_questions=read_questions(paths.TRAIN_QUESTIONS).to_dict("records"),
         eval_questions=select_questions(test, per_source, p.eval.seed),
         out_model=paths.TRAINED_DIR / experiment,
