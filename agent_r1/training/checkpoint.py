@@ -154,7 +154,7 @@ def load_checkpoint(engines: dict[str, Any], root: str | Path, step: int) -> dic
     rng = root / RNG / tag / f"rank{_rank()}.pt"
     if rng.is_file():  # absent in checkpoints written before RNG states were saved
         set_rng_state(torch.load(rng, weights_only=False))
-    log.info("resumed from %s (step %d)", root / tag, step)
+    log.info("resumed from the checkpoint at step %d in %s", step, root)
     return extra
 
 

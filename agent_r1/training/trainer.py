@@ -181,6 +181,15 @@ def scheduled(history: list[dict[str, float]], cfg: Any) -> list[dict[str, float
             for i, m in enumerate(history)]
 
 
+def log_step(step: int, steps: int, metrics: dict[str, float]) -> None:
+    log.info(
+        "step %d/%d reward %.3f em %.3f answer %.2f calls %.2f | rollout %.0fs update %.0fs%s",
+        step + 1, steps, metrics["reward"], metrics["em"], metrics["answer_rate"], metrics["tool_calls"],
+        metrics["time/rollout_s"], metrics["time/update_s"],
+        f" | eval em {metrics['eval/em']:.3f}" if "eval/em" in metrics else "",
+    )
+
+
 def log_metrics(live: Any, metrics: dict[str, float]) -> None:
     for k, v in metrics.items():
         live.log_metric(f"train/{k}" if "/" not in k else k, v)
@@ -195,7 +204,6 @@ def open_live(live_dir: Path, history: list[dict[str, float]]) -> Any:
     live = Live(str(live_dir), resume=False, save_dvc_exp=False, dvcyaml=None)
     for metrics in history:
         log_metrics(live, metrics)
-    live.step = len(history)
     return live
 
 
@@ -550,12 +558,7 @@ def train_rl(
         if live is not None:
             log_metrics(live, metrics)
         history.append(metrics)
-        log.info(
-            "step %d/%d reward %.3f em %.3f answer %.2f calls %.2f | rollout %.0fs update %.0fs%s",
-            step + 1, cfg.steps, metrics["reward"], metrics["em"], metrics["answer_rate"], metrics["tool_calls"],
-            metrics["time/rollout_s"], metrics["time/update_s"],
-            f" | eval em {metrics['eval/em']:.3f}" if "eval/em" in metrics else "",
-        )
+        log_step(step, cfg.steps, metrics)
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
             save_checkpoint(engines.checkpointed(), checkpoint_dir, step + 1, {"history": history}, fingerprint=fingerprint)
 
