@@ -218,3 +218,179 @@ def test_train_rl_on_two_ranks(stage: int, world, tiny_policy: Path, tmp_path: P
     assert json.loads((run / "ckpt" / "latest.json").read_text())["step"] == 2
     assert (run / "model" / "model.safetensors").exists()
     assert len((run / "live/plots/metrics/train/reward.tsv").read_text().strip().splitlines()) == 1 + 2
+
+
+# ------------------------------------------------------------------ what a re-run reuses
+TIMING = ("time/", "tokens_per_s")
+
+
+def untimed(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if not any(t in k for t in TIMING)}
+
+
+def live_rows(live_dir: Path) -> dict[str, str]:
+    """Every dvclive metric history but the timings (rows are `step<TAB>value`)."""
+    return {p.relative_to(live_dir).as_posix(): p.read_text() for p in sorted(live_dir.rglob("*.tsv"))
+            if not any(t.rstrip("/") in p.relative_to(live_dir).as_posix() for t in TIMING)}
+
+
+def live_summary(live_dir: Path) -> dict:
+    summary = json.loads((live_dir / "metrics.json").read_text())
+    summary.pop("time", None)
+    summary["train"].pop("tokens_per_s", None)
+    return summary
+
+
+def exported(model_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(model_dir / "model.safetensors")
+
+
+def assert_same_run(ref: Path, ref_summary: dict, run: Path, run_summary: dict) -> None:
+    """Same exported weights (bitwise), same metrics and dvclive history (timings aside)."""
+    a, b = exported(ref / "model"), exported(run / "model")
+    assert a.keys() == b.keys()
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []
+    assert untimed(run_summary["last"]) == untimed(ref_summary["last"])
+    assert live_rows(run / "live") == live_rows(ref / "live")
+    assert live_summary(run / "live") == live_summary(ref / "live")
+
+
+def run_kw(world, init: Path, out: Path) -> dict:
+    questions, index_dir = world
+    return dict(init_model=init, index_path=index_dir, train_questions=records(questions, "train"),
+                eval_questions=records(questions, "test")[:2], out_model=out / "model",
+                checkpoint_dir=out / "ckpt", live_dir=out / "live")
+
+
+def test_a_checkpoint_of_another_init_model_or_code_is_not_resumed(world, tiny_policy: Path, tmp_path: Path, caplog) -> None:
+    """Same params and init *path*: new weights there, or other training code, start afresh and say why."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    init = tmp_path / "init"
+    shutil.copytree(tiny_policy, init)
+    kw = run_kw(world, init, tmp_path / "run")
+    assert train_rl(tiny_params(steps=1), **kw)["start_step"] == 0
+    assert train_rl(tiny_params(steps=1), **kw)["start_step"] == 1  # the same run: reused
+    weights = load_file(init / "model.safetensors")
+    name = sorted(weights)[0]
+    weights[name] = weights[name] + 1e-3  # the warm start was re-trained: same path, same size
+    save_file(weights, init / "model.safetensors", metadata={"format": "pt"})
+    caplog.set_level("WARNING", logger="agent_r1.training.trainer")
+    assert train_rl(tiny_params(steps=1), **kw)["start_step"] == 0
+    assert "other init model" in caplog.text
+    latest = kw["checkpoint_dir"] / "latest.json"
+    stored = json.loads(latest.read_text())
+    stored["fingerprint"]["code"] = "written by other training code"
+    latest.write_text(json.dumps(stored))
+    caplog.clear()
+    assert train_rl(tiny_params(steps=1), **kw)["start_step"] == 0
+    assert "other training code" in caplog.text and "init model" not in caplog.text
+
+
+def test_the_code_hash_covers_the_training_code_only(tmp_path: Path) -> None:
+    import shutil
+
+    import agent_r1
+    from agent_r1.training.trainer import code_hash
+
+    package = tmp_path / "agent_r1"
+    shutil.copytree(Path(agent_r1.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__"))
+    before = code_hash(package)
+    (package / "stages" / "report.py").write_text("# a report change does not touch training\n")
+    assert code_hash(package) == before
+    with open(package / "algorithms" / "advantages.py", "a") as fh:
+        fh.write("\n# a change of the RL objective's code\n")
+    assert code_hash(package) != before
+
+
+def test_lowering_steps_exports_exactly_the_run_params_describe(world, tiny_policy: Path, tmp_path: Path, caplog) -> None:
+    """A 2-step run's folder, re-run with steps 1, ends as a fresh 1-step run: its kept
+    step-1 checkpoint, metrics and dvclive history (with the final evaluation the 2-step
+    run did not do at step 1); below every kept checkpoint it re-trains."""
+    from safetensors.torch import load_file
+
+    kw = run_kw(world, tiny_policy, tmp_path / "run")
+    train_rl(tiny_params(steps=2, eval_every=2), **kw)
+    lowered = train_rl(tiny_params(steps=1, eval_every=2), **kw)
+    assert lowered["start_step"] == 1
+    ref_kw = run_kw(world, tiny_policy, tmp_path / "ref")
+    ref = train_rl(tiny_params(steps=1, eval_every=2), **ref_kw)
+    assert "eval/em" in ref["last"]
+    assert_same_run(tmp_path / "ref", ref, tmp_path / "run", lowered)
+    caplog.set_level("WARNING", logger="agent_r1.training.trainer")
+    none = train_rl(tiny_params(steps=0), **ref_kw)  # below the only kept checkpoint (step 1)
+    assert none["start_step"] == 0 and "below every kept checkpoint" in caplog.text
+    init, out = load_file(tiny_policy / "model.safetensors"), exported(tmp_path / "ref" / "model")
+    assert all(torch.equal(init[k], out[k]) for k in init)
+
+
+# ------------------------------------------------------------------ kill -9 of the real loop
+def kill_params(steps: int) -> Params:
+    """PPO (actor, critic, reference engines), 2 epochs x 2 mini-batches (shuffles), LR warm-up."""
+    p = tiny_params(steps=steps, ppo_epochs=2, mini_batch_size=2, actor_lr=1e-3, critic_lr=1e-3, warmup_steps=2)
+    return p.model_copy(update={"algorithm": p.algorithm.model_copy(update={"name": "ppo", "kl_coef": 0.01})})
+
+
+def run_killed(world, policy: Path, params: Params, out: Path, kills: list[tuple[str, int]]) -> dict:
+    """tests/scripts/rl_kill.py in a subprocess, SIGKILLed at each of ``kills`` in turn, then
+    run to the end in the same folders; returns the last run's summary."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tasks.dvc_stage import DISTRIBUTED_VARS
+
+    questions, index_dir = world
+    out.mkdir(parents=True)
+    questions.to_parquet(out / "questions.parquet")
+    (out / "params.json").write_text(params.model_dump_json())
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, str(root / "tests/scripts/rl_kill.py"), "--params", str(out / "params.json"),
+           "--policy", str(policy), "--index", str(index_dir), "--questions", str(out / "questions.parquet"),
+           "--out", str(out), "--threads", str(torch.get_num_threads())]
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARS}
+    env.update(DS_ACCELERATOR="cpu", PYTHONPATH=str(root))
+    for kill, step in [*kills, (None, 0)]:
+        extra = [] if kill is None else ["--kill", kill, "--kill-step", str(step)]
+        proc = subprocess.run(cmd + extra, cwd=root, env=env, capture_output=True, text=True)
+        expected = 0 if kill is None else -signal.SIGKILL
+        assert proc.returncode == expected, f"{kill}@{step}: rc {proc.returncode}\n{(proc.stdout + proc.stderr)[-4000:]}"
+    return json.loads((out / "summary.json").read_text())
+
+
+def uninterrupted(world, policy: Path, params: Params, out: Path) -> dict:
+    questions, _ = world
+    kw = run_kw(world, policy, out)
+    kw["eval_questions"] = records(questions, "test")[:2]  # as rl_kill.py
+    return train_rl(params, **kw)
+
+
+def test_kill_9_mid_rollout_and_before_export_then_resume_ends_like_an_uninterrupted_run(
+    world, tiny_policy: Path, tmp_path: Path
+) -> None:
+    """Killed in step 2's rollout, then again after the last checkpoint but before the
+    export: the third run ends with the uninterrupted run's weights, metrics and history."""
+    params = kill_params(steps=2)
+    ref = uninterrupted(world, tiny_policy, params, tmp_path / "ref")
+    resumed = run_killed(world, tiny_policy, params, tmp_path / "killed", [("rollout", 2), ("export", 0)])
+    assert resumed["start_step"] == 2
+    assert_same_run(tmp_path / "ref", ref, tmp_path / "killed", resumed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill", ["rollout", "save", "publish"])
+def test_kill_9_at_every_point_of_a_step_then_resume_ends_like_an_uninterrupted_run(
+    kill: str, world, tiny_policy: Path, tmp_path: Path
+) -> None:
+    """Mid-rollout, mid-way through DeepSpeed's checkpoint files, and with the files written
+    but latest.json not yet updated: all resume from step 1 and end where an uninterrupted run ends."""
+    params = kill_params(steps=3)
+    ref = uninterrupted(world, tiny_policy, params, tmp_path / "ref")
+    resumed = run_killed(world, tiny_policy, params, tmp_path / "killed", [(kill, 2)])
+    assert resumed["start_step"] == 1
+    assert_same_run(tmp_path / "ref", ref, tmp_path / "killed", resumed)

@@ -294,6 +294,49 @@ def test_checkpoint_resume_continues_identically(stage: int, tmp_path: Path) -> 
         load_latest({"critic": other}, tmp_path)
 
 
+def test_checkpoint_files_are_on_disk_before_latest_json_points_at_them(tmp_path: Path, monkeypatch) -> None:
+    """Every file of the tag and their folders are fsync'ed before latest.json is replaced, and
+    latest.json's folder after: a power loss never leaves latest.json naming unwritten files."""
+    import os
+
+    engine = make_engine(fresh_llama(), cfg_for(2), lr=1e-3)
+    events: list[tuple[str, str]] = []
+    fsync, replace = os.fsync, os.replace
+
+    def recording_fsync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        fsync(fd)
+
+    def recording_replace(src, dst, **kw) -> None:
+        events.append(("replace", str(Path(dst).resolve())))
+        replace(src, dst, **kw)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(os, "replace", recording_replace)
+    save_checkpoint({"actor": engine}, tmp_path, 1)
+    root = tmp_path.resolve()
+    publish = events.index(("replace", str(root / LATEST)))
+    synced = {path for kind, path in events[:publish] if kind == "fsync"}
+    tag_files = {str(p) for p in root.glob("*/step1/*") if p.is_file()}
+    assert tag_files | {str(root / "actor" / "step1"), str(root / "actor"), str(root)} <= synced
+    assert len(tag_files) == 3  # model states, optimizer states, RNG states
+    assert ("fsync", str(root)) in events[publish + 1 :]  # the new latest.json entry itself
+
+
+def test_a_resumed_run_continues_the_random_streams(tmp_path: Path) -> None:
+    """Python, numpy and torch RNGs continue after a resume as they would have without one."""
+    import numpy as np
+
+    engine = make_engine(fresh_llama(), cfg_for(2), lr=1e-3)
+    torch.manual_seed(3), random.seed(3), np.random.seed(3)
+    save_checkpoint({"actor": engine}, tmp_path, 1)
+    expected = (torch.rand(4), random.random(), np.random.rand())
+    torch.manual_seed(99), random.seed(99), np.random.seed(99)  # a fresh process seeds at start
+    load_latest({"actor": engine}, tmp_path)
+    got = (torch.rand(4), random.random(), np.random.rand())
+    assert torch.equal(got[0], expected[0]) and got[1:] == expected[1:]
+
+
 def test_no_checkpoint_gives_none(tmp_path: Path) -> None:
     engine = make_engine(fresh_llama(), cfg_for(2), lr=1e-3)
     assert load_latest({"actor": engine}, tmp_path) is None

@@ -11,6 +11,7 @@ from pathlib import Path
 from agent_r1 import paths
 from agent_r1.config import Params, ParamsError, load_params, with_presets
 from agent_r1.data.schema import SchemaError
+from agent_r1.io import clean_scratch
 
 
 def run_stage(
@@ -41,6 +42,7 @@ def run_stage(
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s [{name}] %(levelname)s %(message)s", datefmt="%H:%M:%S"
     )
+    clean_scratch()  # temp leftovers of a stage killed mid-write (OOM, kill -9); never a live one's
     try:
         params = load_params(args.params)
         if args.presets is not None:

@@ -4,25 +4,30 @@ Layout under ``root``::
 
     actor/step12/...       one DeepSpeed checkpoint per engine and tag
     critic/step12/...
-    latest.json            {"step": 12, "tag": "step12", "engines": [...]}
+    rng/step12/rank0.pt    each rank's RNG states (python, numpy, torch)
+    latest.json            {"step": 12, "tag": "step12", "engines": [...], "fingerprint": ...}
 
-``latest.json`` is written atomically and only after every engine (on every
-rank) has finished saving, so a run killed in the middle of a save resumes
-from the previous complete checkpoint. The last ``keep`` tags are kept.
+``latest.json`` is written atomically, and only after every engine (on every
+rank) has finished saving and every file of the checkpoint has been fsync'ed,
+so a run killed (or a machine losing power) in the middle of a save resumes
+from the previous complete checkpoint. The last ``keep`` tags are kept; any of
+them can be resumed (:func:`published_steps`, :func:`load_checkpoint`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import random
 import re
 import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from agent_r1.io import atomic_dir, write_json
+from agent_r1.io import atomic_dir, atomic_path, fsync_path, fsync_tree, write_json
 from agent_r1.training.distributed import barrier, is_rank0
 from agent_r1.training.engines import unwrap
 from agent_r1.training.logprobs import unwrap_engine
@@ -30,11 +35,34 @@ from agent_r1.training.logprobs import unwrap_engine
 log = logging.getLogger(__name__)
 
 LATEST = "latest.json"
+RNG = "rng"
 _TAG = re.compile(r"^step(\d+)$")
 
 
 def _tag(step: int) -> str:
     return f"step{step}"
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's global RNG states: whatever draws from them (dropout) continues identically."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def save_checkpoint(
@@ -43,26 +71,39 @@ def save_checkpoint(
     step: int,
     extra: dict[str, Any] | None = None,
     keep: int = 2,
-    fingerprint: str | None = None,
+    fingerprint: Any = None,
 ) -> None:
     """Save every engine under ``root/<name>/step<step>``; then publish ``latest.json``.
 
     Collective: every rank must call it. ``extra`` (JSON-able or torch-picklable:
-    data position, RNG states, metrics) is stored with each engine and returned
-    by :func:`load_latest`. ``fingerprint`` identifies the run's settings in
-    ``latest.json``, so a caller can refuse to resume a run with other params.
+    data position, metrics) is stored with each engine and returned by
+    :func:`load_checkpoint`; each rank's RNG states are stored too and restored
+    on load. ``fingerprint`` identifies the run's settings in ``latest.json``,
+    so a caller can refuse to resume a run with other params.
     """
     root, tag = Path(root), _tag(step)
     client_state = {"agent_r1": dict(extra or {}), "step": step}
     for name, engine in engines.items():
         engine.save_checkpoint(str(root / name), tag=tag, client_state=client_state, save_latest=False)
+    with atomic_path(root / RNG / tag / f"rank{_rank()}.pt") as tmp:
+        torch.save(rng_state(), tmp)
+    for name in (*engines, RNG):  # this rank's files reach the disk before anything points at them
+        fsync_tree(root / name / tag)
+        fsync_path(root / name)
+    fsync_path(root)
     barrier()  # every rank's shards are on disk before the checkpoint is published
     if is_rank0():
         latest = {"step": step, "tag": tag, "engines": sorted(engines), "fingerprint": fingerprint}
         write_json(root / LATEST, latest)
-        _prune(root, list(engines), step, keep)
+        _prune(root, [*engines, RNG], step, keep)
     barrier()
     log.info("checkpoint %s saved to %s", tag, root)
+
+
+def _tags(folder: Path) -> dict[int, Path]:
+    if not folder.is_dir():
+        return {}
+    return {int(m.group(1)): p for p in folder.iterdir() if p.is_dir() and (m := _TAG.match(p.name))}
 
 
 def _prune(root: Path, names: list[str], latest_step: int, keep: int) -> None:
@@ -72,36 +113,62 @@ def _prune(root: Path, names: list[str], latest_step: int, keep: int) -> None:
     published; the resumed run rewrites them.
     """
     for name in names:
-        tags = {int(m.group(1)): p for p in (root / name).iterdir() if p.is_dir() and (m := _TAG.match(p.name))}
+        tags = _tags(root / name)
         kept = sorted((s for s in tags if s <= latest_step), reverse=True)[:keep]
         for step, path in tags.items():
             if step not in kept:
                 shutil.rmtree(path, ignore_errors=True)
 
 
+def published_steps(root: str | Path) -> list[int]:
+    """Steps of the complete checkpoints under ``root``, oldest first: at or below
+    ``latest.json``'s step (above it: a save killed before it was published),
+    with a folder for every engine it names."""
+    root = Path(root)
+    latest = read_latest(root)
+    if latest is None:
+        return []
+    per_engine = [set(_tags(root / name)) for name in latest.get("engines", [])]
+    common = set.intersection(*per_engine) if per_engine else set()
+    return sorted(s for s in common if s <= int(latest["step"]))
+
+
+def load_checkpoint(engines: dict[str, Any], root: str | Path, step: int) -> dict[str, Any]:
+    """Restore every engine (weights, optimizer, LR schedule) and this rank's RNG states
+    from the checkpoint at ``step``; return its ``extra``. Collective: every rank must call it."""
+    root, tag = Path(root), _tag(step)
+    latest = read_latest(root)
+    if latest is None or step not in published_steps(root):
+        raise FileNotFoundError(f"{root}: no complete checkpoint at step {step} (kept: {published_steps(root)})")
+    missing = [n for n in engines if n not in latest.get("engines", [])]
+    if missing:
+        raise ValueError(f"{root / LATEST}: checkpoint {tag} has no engine(s) {missing}")
+    extra: dict[str, Any] = {}
+    for name, engine in engines.items():
+        path, client_state = engine.load_checkpoint(
+            str(root / name), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
+        )
+        if path is None:
+            raise FileNotFoundError(f"{root / name / tag}: DeepSpeed found no checkpoint for {name!r}")
+        extra = client_state.get("agent_r1", {})
+    rng = root / RNG / tag / f"rank{_rank()}.pt"
+    if rng.is_file():  # absent in checkpoints written before RNG states were saved
+        set_rng_state(torch.load(rng, weights_only=False))
+    log.info("resumed from the checkpoint at step %d in %s", step, root)
+    return extra
+
+
 def load_latest(engines: dict[str, Any], root: str | Path) -> tuple[int, dict[str, Any]] | None:
-    """Restore every engine (weights, optimizer, LR schedule) from ``root/latest.json``.
+    """Restore every engine from ``root/latest.json``'s checkpoint (see :func:`load_checkpoint`).
 
     Returns ``(step, extra)``, or ``None`` when there is no checkpoint yet.
     Collective: every rank must call it.
     """
-    root = Path(root)
     latest = read_latest(root)
     if latest is None:
         return None
-    missing = [n for n in engines if n not in latest.get("engines", [])]
-    if missing:
-        raise ValueError(f"{root / LATEST}: checkpoint {latest['tag']} has no engine(s) {missing}")
-    extra: dict[str, Any] = {}
-    for name, engine in engines.items():
-        path, client_state = engine.load_checkpoint(
-            str(root / name), tag=latest["tag"], load_optimizer_states=True, load_lr_scheduler_states=True
-        )
-        if path is None:
-            raise FileNotFoundError(f"{root / name / latest['tag']}: DeepSpeed found no checkpoint for {name!r}")
-        extra = client_state.get("agent_r1", {})
-    log.info("resumed from %s (step %d)", root / latest["tag"], latest["step"])
-    return int(latest["step"]), extra
+    step = int(latest["step"])
+    return step, load_checkpoint(engines, root, step)
 
 
 def full_state_dict(engine: Any) -> dict[str, torch.Tensor] | None:

@@ -20,6 +20,15 @@ One step, per rank (whole GRPO/RLOO groups stay on one rank):
 Metrics go to dvclive every step; a greedy held-out evaluation every
 ``eval_every`` steps; DeepSpeed checkpoints every ``save_every`` steps, from
 which a killed run resumes.
+
+A checkpoint is reused only by a run that would have produced it: same params
+(but for ``train.steps`` and the logging cadence), same init model *content*,
+same training code and data (:func:`run_fingerprint`); otherwise the run starts
+afresh and logs which of them changed. A run resumes from the newest kept
+checkpoint at or below ``train.steps`` (so lowering it exports the policy
+after exactly ``train.steps`` steps, or re-trains), and a resumed run ends with
+the same weights, metrics and dvclive history as an uninterrupted one: the
+metric history travels in the checkpoint and dvclive is rebuilt from it.
 """
 
 from __future__ import annotations
@@ -28,22 +37,32 @@ import hashlib
 import json
 import logging
 import math
-import shutil
 import random
+import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+
+import agent_r1
 
 from agent_r1.algorithms import compute_advantages, kl, loss_mask, policy_loss, value_loss
 from agent_r1.algorithms.losses import aggregate
 from agent_r1.config import Params
-from agent_r1.io import write_text
+from agent_r1.io import hash_files, hash_tree
 from agent_r1.rollout.trajectory import TrajectoryBatch
-from agent_r1.training.checkpoint import export_hf, full_state_dict, load_latest, read_latest, save_checkpoint
+from agent_r1.training.checkpoint import (
+    export_hf,
+    full_state_dict,
+    load_checkpoint,
+    published_steps,
+    read_latest,
+    save_checkpoint,
+)
 from agent_r1.training.distributed import barrier, device, init_distributed, is_rank0
 from agent_r1.training.engines import make_engine, make_reference, unwrap
 from agent_r1.training.logprobs import (
@@ -68,24 +87,124 @@ class Engines:
         return {k: v for k, v in (("actor", self.actor), ("critic", self.critic)) if v is not None}
 
 
-# ------------------------------------------------------------------ helpers
-def run_fingerprint(params: Params, init_model: Path) -> str:
-    """What a checkpoint must share with this run to be resumed: everything but the
-    step count and the logging cadence (so raising ``train.steps`` continues a run)."""
+# ------------------------------------------------------------------ what a checkpoint must share
+# The agent_r1 sources a run's weights and metrics depend on (params cover the settings).
+TRAINING_CODE: tuple[str, ...] = (
+    "training", "algorithms", "env", "rollout", "retrieval", "evaluation/aggregate.py", "config.py",
+)
+FINGERPRINT_PARTS: dict[str, str] = {
+    "params": "params",
+    "init_model": "init model (its files' content)",
+    "code": "training code",
+    "data": "data (questions or index)",
+}
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, (np.ndarray, np.generic)):
+        return obj.tolist()  # str() of a long array elides its middle
+    return str(obj)
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=_json_default).encode()).hexdigest()
+
+
+def code_hash(package: Path = Path(agent_r1.__file__).parent) -> str:
+    """Content hash of the :data:`TRAINING_CODE` sources under ``package``."""
+    files: list[tuple[str, Path]] = []
+    for entry in TRAINING_CODE:
+        found = sorted((package / entry).rglob("*.py")) if (package / entry).is_dir() else [package / entry]
+        files += [(f.relative_to(package).as_posix(), f) for f in found]
+    return hash_files(files)
+
+
+def index_identity(index_path: str | Path) -> str:
+    """An index folder's content hash; a server's URL (what it serves is its own business)."""
+    return hash_tree(index_path) if Path(index_path).is_dir() else str(index_path)
+
+
+def run_fingerprint(
+    params: Params, init_model: Path, index_path: str | Path, train_questions: list[dict], eval_questions: list[dict]
+) -> dict[str, str]:
+    """What a checkpoint must share with this run to be resumed, part by part (see
+    :data:`FINGERPRINT_PARTS`): everything but the step count and the logging
+    cadence (so raising ``train.steps`` continues a run)."""
     cfg = params.model_dump(exclude={"experiments": True, "schedule": True, "train": {"steps", "save_every", "eval_every"}})
-    blob = json.dumps([cfg, str(Path(init_model).resolve())], sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return {
+        "params": _digest(cfg),
+        "init_model": hash_tree(init_model),
+        "code": code_hash(),
+        "data": _digest([index_identity(index_path), train_questions, eval_questions]),
+    }
 
 
-def trim_live_history(live_dir: Path, start_step: int) -> None:
-    """Drop dvclive rows logged at or after ``start_step`` (a resumed run logs them again)."""
-    for tsv in Path(live_dir).glob("plots/metrics/**/*.tsv"):
-        lines = tsv.read_text().splitlines()
-        if not lines:
-            continue
-        at_step = lines[0].split("\t").index("step")
-        kept = [lines[0]] + [ln for ln in lines[1:] if int(ln.split("\t")[at_step]) < start_step]
-        write_text(tsv, "\n".join(kept) + "\n")
+def changed_parts(stored: Any, current: dict[str, str]) -> list[str]:
+    """Which parts of the fingerprint differ (all, for a checkpoint of an older format)."""
+    if not isinstance(stored, dict):
+        return ["fingerprint (written by an older version of agent_r1)"]
+    return [FINGERPRINT_PARTS[k] for k in current if stored.get(k) != current[k]]
+
+
+def resume_step(checkpoint_dir: Path, fingerprint: dict[str, str], steps: int) -> int | None:
+    """The kept checkpoint this run resumes from: the newest at or below ``steps`` of the
+    same run; ``None`` (start afresh) otherwise, saying why."""
+    latest = read_latest(checkpoint_dir)
+    if latest is None:
+        return None
+    changed = changed_parts(latest.get("fingerprint"), fingerprint)
+    if changed:
+        log.warning("%s holds a run with other %s: starting afresh", checkpoint_dir, ", ".join(changed))
+        return None
+    kept = published_steps(checkpoint_dir)
+    usable = [s for s in kept if s <= steps]
+    if not usable:
+        log.warning("%s: train.steps is %d, below every kept checkpoint (steps %s): training afresh",
+                    checkpoint_dir, steps, kept)
+        return None
+    if usable[-1] < int(latest["step"]):
+        log.info("train.steps is %d, below the checkpoint's %d: resuming from the kept one at step %d",
+                 steps, latest["step"], usable[-1])
+    return usable[-1]
+
+
+# ------------------------------------------------------------------ helpers
+def evaluates_at(step: int, cfg: Any) -> bool:
+    """Whether 0-based ``step`` ends with a held-out evaluation (and the last step always does)."""
+    return (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps
+
+
+def scheduled(history: list[dict[str, float]], cfg: Any) -> list[dict[str, float]]:
+    """A resumed history as this run's schedule has it: evaluations only where it evaluates
+    (a checkpoint of a run with more steps may hold one where this run has none)."""
+    return [m if evaluates_at(i, cfg) else {k: v for k, v in m.items() if not k.startswith("eval/")}
+            for i, m in enumerate(history)]
+
+
+def log_step(step: int, steps: int, metrics: dict[str, float]) -> None:
+    log.info(
+        "step %d/%d reward %.3f em %.3f answer %.2f calls %.2f | rollout %.0fs update %.0fs%s",
+        step + 1, steps, metrics["reward"], metrics["em"], metrics["answer_rate"], metrics["tool_calls"],
+        metrics["time/rollout_s"], metrics["time/update_s"],
+        f" | eval em {metrics['eval/em']:.3f}" if "eval/em" in metrics else "",
+    )
+
+
+def log_metrics(live: Any, metrics: dict[str, float]) -> None:
+    for k, v in metrics.items():
+        live.log_metric(f"train/{k}" if "/" not in k else k, v)
+    live.next_step()
+
+
+def open_live(live_dir: Path, history: list[dict[str, float]]) -> Any:
+    """A fresh dvclive folder holding exactly ``history`` (one row per step), so a resumed
+    run's plots and summary are those of an uninterrupted run, whatever a killed one left."""
+    from dvclive import Live
+
+    live = Live(str(live_dir), resume=False, save_dvc_exp=False, dvcyaml=None)
+    for metrics in history:
+        log_metrics(live, metrics)
+    return live
 
 
 def step_questions(questions: list[dict], n: int, step: int, seed: int) -> list[dict]:
@@ -329,6 +448,67 @@ def rl_step(params: Params, engines: Engines, batch: TrajectoryBatch, world: int
     return metrics
 
 
+def restore(
+    engines: Engines, rollout_engine: Any, checkpoint_dir: Path, fingerprint: dict[str, str], cfg: Any, world: int
+) -> tuple[int, list[dict[str, float]]]:
+    """Resume from the checkpoint :func:`resume_step` picks: (its step, the metric history up to it).
+    A checkpoint that may not be reused is deleted. Collective."""
+    step = resume_step(checkpoint_dir, fingerprint, cfg.steps)
+    if step is None:
+        if read_latest(checkpoint_dir) is not None:
+            barrier()  # every rank has read latest.json before it goes
+            if is_rank0():
+                shutil.rmtree(checkpoint_dir, ignore_errors=True)
+            barrier()
+        return 0, []
+    extra = load_checkpoint(engines.checkpointed(), checkpoint_dir, step)
+    sync_rollout_weights(engines.actor, rollout_engine, world)
+    log.info("resuming at step %d", step)
+    return step, scheduled(list(extra.get("history", []))[:step], cfg)
+
+
+@dataclass
+class Rollout:
+    """The rollout engine with the env and tokenizer its episodes need."""
+
+    engine: Any
+    env: Any
+    tokenizer: Any
+
+    def play(self, records: list[dict], cfg: Any, greedy: bool = False) -> TrajectoryBatch:
+        from agent_r1.rollout import run_episodes
+
+        return run_episodes(self.engine, self.env, self.tokenizer, records, cfg, greedy=greedy)
+
+
+def held_out_eval(rollout: Rollout, eval_questions: list[dict], params: Params) -> dict[str, float]:
+    """Greedy episodes of the held-out questions with the rollout engine's current weights."""
+    from agent_r1.evaluation.aggregate import aggregate as aggregate_episodes
+
+    ev = aggregate_episodes(rollout.play(eval_questions, params.rollout, greedy=True).info, "eval")
+    return {"eval/em": ev["em"], "eval/f1": ev["f1"], "eval/answer_rate": ev["answer_rate"],
+            "eval/tool_calls": ev["mean_tool_calls"]}
+
+
+def train_step(
+    params: Params, engines: Engines, rollout: Rollout, questions: list[dict], step: int, rank: int, world: int
+) -> dict[str, float]:
+    """One RL step: the step's rollouts, the updates, the weight sync; metrics averaged over ranks."""
+    cfg = params.train
+    t_step = time.monotonic()
+    records = shard(step_questions(questions, cfg.questions_per_step, step, cfg.seed), rank, world)
+    rollout_cfg = params.rollout.model_copy(update={"seed": params.rollout.seed + 7919 * step + rank})
+    t0 = time.monotonic()
+    batch = rollout.play(records, rollout_cfg)
+    metrics = rollout_metrics(batch)
+    metrics["time/rollout_s"] = time.monotonic() - t0
+    metrics.update(rl_step(params, engines, batch.to(device()), world))
+    sync_rollout_weights(engines.actor, rollout.engine, world)
+    metrics["time/step_s"] = time.monotonic() - t_step
+    metrics["tokens_per_s"] = metrics["tokens"] / max(metrics["time/step_s"], 1e-9)
+    return all_reduce_mean(metrics, world)
+
+
 def train_rl(
     params: Params,
     *,
@@ -340,83 +520,49 @@ def train_rl(
     checkpoint_dir: Path,
     live_dir: Path,
 ) -> dict[str, Any]:
-    """Run ``params.train.steps`` RL steps from ``init_model``; export the policy to ``out_model``."""
-    from dvclive import Live
+    """Run ``params.train.steps`` RL steps from ``init_model``; export the policy to ``out_model``.
 
+    Returns ``{"steps", "start_step", "last"}``: ``last`` is the final step's
+    metrics, also when every step was restored from a checkpoint.
+    """
     from agent_r1.env import SearchTool, ToolEnv
-    from agent_r1.evaluation.aggregate import aggregate as aggregate_episodes
     from agent_r1.retrieval import load_index
-    from agent_r1.rollout import make_rollout_engine, run_episodes
+    from agent_r1.rollout import make_rollout_engine
 
     rank, world = init_distributed()
     cfg = params.train
     torch.manual_seed(cfg.seed + rank)
     if cfg.questions_per_step % world:
         raise ValueError(f"train.questions_per_step ({cfg.questions_per_step}) must be divisible by train.num_procs ({world})")
+    fingerprint = run_fingerprint(params, init_model, index_path, train_questions, eval_questions)
 
     engines = build_engines(params, init_model)
     rollout_engine = make_rollout_engine(init_model, params.rollout)
-    tokenizer = rollout_engine.tokenizer
     env = ToolEnv([SearchTool(load_index(index_path), params.env.top_k)], params.env)
+    rollout = Rollout(rollout_engine, env, rollout_engine.tokenizer)
 
-    start_step = 0
-    fingerprint = run_fingerprint(params, init_model)
-    latest = read_latest(checkpoint_dir)
-    if latest is not None and latest.get("fingerprint") != fingerprint:
-        log.warning("%s holds a run with other params: starting afresh", checkpoint_dir)
+    start_step, history = restore(engines, rollout_engine, checkpoint_dir, fingerprint, cfg, world)
+    if history and len(history) == cfg.steps and "eval/em" not in history[-1]:
+        if is_rank0():  # this run's last step evaluates; the checkpoint's run had more steps
+            history[-1].update(held_out_eval(rollout, eval_questions, params))
         barrier()
-        if is_rank0():
-            shutil.rmtree(checkpoint_dir, ignore_errors=True)
-        barrier()
-    resumed = load_latest(engines.checkpointed(), checkpoint_dir)
-    if resumed is not None:
-        start_step = resumed[0]
-        sync_rollout_weights(engines.actor, rollout_engine, world)
-        log.info("resuming at step %d", start_step)
-
-    live = None
-    if is_rank0():
-        if start_step > 0:
-            trim_live_history(live_dir, start_step)  # steps logged after the checkpoint are replayed
-        live = Live(str(live_dir), resume=start_step > 0, save_dvc_exp=False, dvcyaml=None)
+    live = open_live(live_dir, history) if is_rank0() else None
+    if live is not None:
         live.step = start_step
-    history: list[dict[str, float]] = []
     for step in range(start_step, cfg.steps):
-        t_step = time.monotonic()
-        records = shard(step_questions(train_questions, cfg.questions_per_step, step, cfg.seed), rank, world)
-        rollout_cfg = params.rollout.model_copy(update={"seed": params.rollout.seed + 7919 * step + rank})
-        t0 = time.monotonic()
-        batch = run_episodes(rollout_engine, env, tokenizer, records, rollout_cfg)
-        metrics = rollout_metrics(batch)
-        metrics["time/rollout_s"] = time.monotonic() - t0
-        metrics.update(rl_step(params, engines, batch.to(device()), world))
-        sync_rollout_weights(engines.actor, rollout_engine, world)
-        metrics["time/step_s"] = time.monotonic() - t_step
-        metrics["tokens_per_s"] = metrics["tokens"] / max(metrics["time/step_s"], 1e-9)
-        metrics = all_reduce_mean(metrics, world)
-
-        if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
+        metrics = train_step(params, engines, rollout, train_questions, step, rank, world)
+        if evaluates_at(step, cfg):
             if is_rank0():
-                traj = run_episodes(rollout_engine, env, tokenizer, eval_questions, params.rollout, greedy=True)
-                ev = aggregate_episodes(traj.info, "eval")
-                metrics.update({"eval/em": ev["em"], "eval/f1": ev["f1"], "eval/answer_rate": ev["answer_rate"],
-                                "eval/tool_calls": ev["mean_tool_calls"]})
+                metrics.update(held_out_eval(rollout, eval_questions, params))
             barrier()
         if live is not None:
-            for k, v in metrics.items():
-                live.log_metric(f"train/{k}" if "/" not in k else k, v)
-            live.next_step()
+            log_metrics(live, metrics)
         history.append(metrics)
-        log.info(
-            "step %d/%d reward %.3f em %.3f answer %.2f calls %.2f | rollout %.0fs update %.0fs%s",
-            step + 1, cfg.steps, metrics["reward"], metrics["em"], metrics["answer_rate"], metrics["tool_calls"],
-            metrics["time/rollout_s"], metrics["time/update_s"],
-            f" | eval em {metrics['eval/em']:.3f}" if "eval/em" in metrics else "",
-        )
+        log_step(step, cfg.steps, metrics)
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-            save_checkpoint(engines.checkpointed(), checkpoint_dir, step + 1, fingerprint=fingerprint)
+            save_checkpoint(engines.checkpointed(), checkpoint_dir, step + 1, {"history": history}, fingerprint=fingerprint)
 
-    export_hf(engines.actor, tokenizer, out_model)
+    export_hf(engines.actor, rollout.tokenizer, out_model)
     if live is not None:
         live.end()
     return {"steps": cfg.steps, "start_step": start_step, "last": history[-1] if history else {}}
