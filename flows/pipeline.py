@@ -3,6 +3,10 @@
     python -m flows.pipeline                 # every stage (cached ones are skipped by DVC)
     python -m flows.pipeline index --force   # one stage, forced
     python -m flows.pipeline --paper         # then every preset of paper/presets.yaml (`make paper`)
+
+One flow at a time per repository: a second one fails at once, naming the
+running one (flows/run_lock.py). Each stage runs supervised: killing the flow,
+even with ``kill -9``, ends its `dvc` and stage processes too (tasks/supervise.py).
 """
 
 from __future__ import annotations

@@ -9,6 +9,10 @@ every stage whose inputs did not change, so a nightly run after a
 ``params.yaml`` edit re-runs exactly the affected stages. Stop with Ctrl-C
 (the schedule is paused on shutdown). ``--once`` registers the deployment and
 exits without serving (CI, or to inspect it in the UI first).
+
+The deployment runs one at a time (a concurrency limit of 1): a run that comes
+due while one runs is cancelled, not queued. A scheduled run while a
+``make run`` runs in the same repository fails at once, naming it.
 """
 
 from __future__ import annotations

@@ -119,7 +119,7 @@ def main(argv: list[str]) -> int:
         kill_descendants()
         return 128 + signal.SIGTERM
     if left := kill_descendants():
-        print(f"supervise: {cmd[0]} exited, leaving {left} process(es) running; killed them", file=sys.stderr)
+        print(f"supervise: `{' '.join(cmd)}` exited, leaving {left} process(es) running: killed them", file=sys.stderr)
     return os.waitstatus_to_exitcode(status)
 
 
