@@ -3,6 +3,10 @@
     python -m flows.pipeline                 # every stage (cached ones are skipped by DVC)
     python -m flows.pipeline index --force   # one stage, forced
     python -m flows.pipeline --paper         # then every preset of paper/presets.yaml (`make paper`)
+
+One flow at a time per repository: a second one fails at once, naming the
+running one (flows/run_lock.py). Each stage runs supervised: killing the flow,
+even with ``kill -9``, ends its `dvc` and stage processes too (tasks/supervise.py).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from prefect import Task, flow  # noqa: E402
 from prefect.tasks import exponential_backoff  # noqa: E402
 
 from agent_r1.config import load_params, with_presets  # noqa: E402
+from flows.run_lock import cli_lock, exclusive_run, flow_run_name  # noqa: E402
 from tasks.dvc_stage import StageRun, dvc_command, publish_metrics, publish_reports, run_dvc_stage  # noqa: E402
 
 
@@ -57,21 +62,23 @@ def pipeline(
     targets: list[str] | None = None, force: bool = False, repo: str = ".", paper: bool = False
 ) -> list[StageRun]:
     """Run ``targets`` (default: every stage; with ``paper``, then every paper preset)
-    and publish the stage summary, the metrics and the report(s) as artifacts."""
+    and publish the stage summary, the metrics and the report(s) as artifacts.
+    Fails at once if another flow runs in ``repo`` (a scheduled run has no CLI to check it)."""
     # Bad params fail here, the key named (a duplicate, a missing local model folder...), before any stage runs.
     params = load_params(Path(repo) / "params.yaml")
     if paper:
         with_presets(params, Path(repo) / Path(PAPER_DVCFILE).parent / "presets.yaml")
-    known = pipeline_stages(repo)
-    if paper:
-        known += pipeline_stages(repo, PAPER_DVCFILE)
-    stages = targets or known
-    unknown = sorted(set(stages) - set(known))
-    if unknown:
-        raise ValueError(f"unknown stage(s) {unknown}; known stages: {known}")
-    runs = [stage_task(stage)(stage, repo=repo, force=force) for stage in stages]
-    publish_metrics(repo=repo, runs=runs)
-    publish_reports(repo=repo)
+    with exclusive_run(repo, flow_run=flow_run_name()):
+        known = pipeline_stages(repo)
+        if paper:
+            known += pipeline_stages(repo, PAPER_DVCFILE)
+        stages = targets or known
+        unknown = sorted(set(stages) - set(known))
+        if unknown:
+            raise ValueError(f"unknown stage(s) {unknown}; known stages: {known}")
+        runs = [stage_task(stage)(stage, repo=repo, force=force) for stage in stages]
+        publish_metrics(repo=repo, runs=runs)
+        publish_reports(repo=repo)
     for r in runs:
         print(f"{r.stage:<40} {'ran' if r.ran else 'cached':<7} {r.seconds:8.1f}s")
     return runs
@@ -84,7 +91,8 @@ def main() -> None:
     parser.add_argument("--repo", default=".")
     parser.add_argument("--paper", action="store_true", help=f"also run {PAPER_DVCFILE} (the paper's presets)")
     args = parser.parse_args()
-    pipeline(targets=args.targets or None, force=args.force, repo=args.repo, paper=args.paper)
+    with cli_lock(args.repo):  # before Prefect starts: a second `make run` fails at once
+        pipeline(targets=args.targets or None, force=args.force, repo=args.repo, paper=args.paper)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,10 @@ every stage whose inputs did not change, so a nightly run after a
 ``params.yaml`` edit re-runs exactly the affected stages. Stop with Ctrl-C
 (the schedule is paused on shutdown). ``--once`` registers the deployment and
 exits without serving (CI, or to inspect it in the UI first).
+
+The deployment runs one at a time (a concurrency limit of 1): a run that comes
+due while one runs is cancelled, not queued. A scheduled run while a
+``make run`` runs in the same repository fails at once, naming it.
 """
 
 from __future__ import annotations
@@ -42,6 +46,15 @@ def flow_parameters(cfg: ScheduleConfig, repo: Path) -> dict:
     return {"targets": list(cfg.targets) or None, "force": cfg.force, "repo": str(repo.resolve())}
 
 
+def one_run_at_a_time():
+    """The deployment's concurrency limit: one run at a time, and a run due while one
+    is running is cancelled rather than queued (the flow's repository lock would refuse
+    it anyway; queued runs would pile up behind a long training run)."""
+    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
+
+    return ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--params", default="params.yaml")
@@ -60,11 +73,13 @@ def main(argv: list[str] | None = None) -> int:
     parameters = flow_parameters(cfg, Path(args.repo))
     if args.once:
         deployment_id = pipeline.to_deployment(
-            name=cfg.deployment, schedules=[schedule], parameters=parameters
+            name=cfg.deployment, schedules=[schedule], parameters=parameters, concurrency_limit=one_run_at_a_time()
         ).apply()
         print(f"registered deployment agent-r1-pipeline/{cfg.deployment} ({deployment_id}): cron {cfg.cron!r} {cfg.timezone}")
         return 0
-    pipeline.serve(name=cfg.deployment, schedules=[schedule], parameters=parameters)
+    pipeline.serve(
+        name=cfg.deployment, schedules=[schedule], parameters=parameters, global_limit=one_run_at_a_time(), limit=1
+    )
     return 0
 
 

@@ -33,6 +33,7 @@ from prefect.logging import get_run_logger  # noqa: E402
 
 from agent_r1.compare import Row, collect  # noqa: E402
 from agent_r1.config import ParamsError, parse_params  # noqa: E402
+from flows.run_lock import cli_lock, exclusive_run, flow_run_name  # noqa: E402
 from tasks.dvc_stage import dvc_command, stage_env  # noqa: E402
 
 # What the table shows of each experiment: top-level keys of the evaluation metrics.
@@ -196,13 +197,15 @@ def sweep(
         check_point(base, point, source)
     prefix = name or "sweep-" + datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     names = [f"{prefix}-{i}" for i in range(len(points))]
-    for n, point in zip(names, points):
-        queue_experiment(n, point, list(targets or []), repo=repo)
-    states = run_queue(names, jobs=jobs, repo=repo)
-    failed = sorted(n for n, s in states.items() if s != "Success")
-    if failed:
-        raise RuntimeError(f"experiments failed: {failed}; see `dvc queue logs NAME`")
-    rows = sweep_table(names, points, repo=repo)
+    # queueing stashes the workspace and takes DVC's lock: not while a pipeline runs here
+    with exclusive_run(repo, flow_run=flow_run_name()):
+        for n, point in zip(names, points):
+            queue_experiment(n, point, list(targets or []), repo=repo)
+        states = run_queue(names, jobs=jobs, repo=repo)
+        failed = sorted(n for n, s in states.items() if s != "Success")
+        if failed:
+            raise RuntimeError(f"experiments failed: {failed}; see `dvc queue logs NAME`")
+        rows = sweep_table(names, points, repo=repo)
     create_table_artifact(table=rows, key="sweep", description=f"Sweep {prefix}: {', '.join(grid)}")
     print(render(rows))
     return rows
@@ -224,7 +227,8 @@ def main() -> None:
             check_point(base, point, str(Path(args.repo) / "params.yaml"))
     except (ValueError, ParamsError) as exc:
         parser.exit(2, f"error: {exc}\n")
-    sweep(grid, targets=args.targets, name=args.name, jobs=args.jobs, repo=args.repo)
+    with cli_lock(args.repo):
+        sweep(grid, targets=args.targets, name=args.name, jobs=args.jobs, repo=args.repo)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,16 @@ def dvc_command() -> list[str]:
     return [sys.executable, "-m", "dvc"]
 
 
+SUPERVISOR = Path(__file__).with_name("supervise.py")
+
+
+def supervised(cmd: list[str]) -> list[str]:
+    """``cmd`` run so that it and everything it starts die with this process, even
+    by ``kill -9``: no orphaned stage keeps training, no orphaned `dvc` keeps the
+    repository locked (see supervise.py)."""
+    return [sys.executable, str(SUPERVISOR), str(os.getpid()), "--", *cmd]
+
+
 def _stream(pipe: IO[bytes]) -> Iterator[tuple[str, bool]]:
     """Split a subprocess's output into ``(text, is_progress)``: lines ended by a newline,
     and carriage-return frames (tqdm progress bars), as they arrive."""
@@ -128,7 +138,9 @@ def run_dvc_stage(stage: str, repo: str = ".", force: bool = False) -> StageRun:
     logger.info("$ %s", " ".join(cmd[2:]))
     start = time.monotonic()
     progress = TrainProgress.for_stage(stage, repo)
-    proc = subprocess.Popen(cmd, cwd=repo, env=stage_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        supervised(cmd), cwd=repo, env=stage_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     lines: list[str] = []
     for text, is_progress in _stream(proc.stdout):
         if progress is not None:

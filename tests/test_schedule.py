@@ -8,6 +8,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -44,16 +46,17 @@ def post(url: str, body: dict) -> list | None:
     return r.json() if r.status_code == 200 and r.json() else None
 
 
-@pytest.fixture()
-def server(tmp_path: Path):
+@contextmanager
+def prefect_server(folder: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    """A real `prefect server start` on a free port, its state in ``folder``: (API URL, its env)."""
     port = free_port()
     env = {
-        **os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        **os.environ, "PREFECT_HOME": str(folder / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "DO_NOT_TRACK": "1", "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "1",
         "PREFECT_UI_ENABLED": "false",
     }
     env.pop("PREFECT_API_URL", None)
-    log = open(tmp_path / "server.log", "w")  # a file, not a pipe: an unread pipe fills up and stalls the server
+    log = open(folder / "server.log", "w")  # a file, not a pipe: an unread pipe fills up and stalls the server
     proc = subprocess.Popen(
         [str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
         env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
@@ -78,6 +81,23 @@ def server(tmp_path: Path):
         log.close()
 
 
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
+    with prefect_server(tmp_path_factory.mktemp("prefect-server")) as api_env:
+        yield api_env
+
+
+def deployments(api: str, name: str) -> list | None:
+    return post(f"{api}/deployments/filter", {"deployments": {"name": {"any_": [name]}}})
+
+
+def assert_one_run_at_a_time(dep: dict) -> None:
+    """The deployment as the server holds it: never two runs at once; a run due while one
+    runs is cancelled, not queued."""
+    assert dep["global_concurrency_limit"]["limit"] == 1, dep  # (`concurrency_limit` is a deprecated always-None)
+    assert dep["concurrency_options"]["collision_strategy"] == "CANCEL_NEW", dep
+
+
 def test_serving_the_schedule_creates_scheduled_runs(server, tmp_path: Path) -> None:
     api, env = server
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
@@ -91,12 +111,10 @@ def test_serving_the_schedule_creates_scheduled_runs(server, tmp_path: Path) -> 
         stdout=log, stderr=subprocess.STDOUT, text=True,
     )
     try:
-        def deployment():
-            return post(f"{api}/deployments/filter", {"deployments": {"name": {"any_": ["test-nightly"]}}})
-
-        dep = wait_for(deployment, "the served deployment", serve)[0]
+        dep = wait_for(lambda: deployments(api, "test-nightly"), "the served deployment", serve)[0]
         assert dep["parameters"] == {"targets": ["prepare"], "force": False, "repo": str(tmp_path.resolve())}
         assert dep["schedules"][0]["schedule"]["cron"] == "0 3 * * *"
+        assert_one_run_at_a_time(dep)
 
         def scheduled_runs():
             return post(f"{api}/flow_runs/filter", {
@@ -114,6 +132,21 @@ def test_serving_the_schedule_creates_scheduled_runs(server, tmp_path: Path) -> 
         except subprocess.TimeoutExpired:
             serve.kill()
         log.close()
+
+
+def test_the_registered_deployment_runs_one_at_a_time(server, tmp_path: Path) -> None:
+    """`--once` registers the deployment the server then schedules: limited the same way as `serve`."""
+    api, env = server
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["schedule"]["deployment"] = "test-once"
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    proc = subprocess.run(
+        [sys.executable, "-m", "flows.schedule", "--params", str(tmp_path / "params.yaml"), "--repo", str(tmp_path),
+         "--once"],
+        cwd=ROOT, env={**env, "PREFECT_API_URL": api, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert_one_run_at_a_time(deployments(api, "test-once")[0])
 
 
 def test_a_bad_cron_names_the_params_key(tmp_path: Path) -> None:
