@@ -22,7 +22,7 @@ os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 # `fuzz`: the slow suite's long runs (tests/test_fuzz.py gives its slow twins these settings).
 # Tests that fix their own max_examples keep it under every profile.
 FUZZ_EXAMPLES = 10_000
-settings.register_profile("ci", derandomize=True, max_examples=50, deadline=None, print_blob=True)
+settings.register_profile("ci", derandomize=True, max_examples=100, deadline=None, print_blob=True)
 settings.register_profile("dev", max_examples=50, deadline=None)
 settings.register_profile(
     "fuzz",

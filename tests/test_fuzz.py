@@ -20,7 +20,7 @@ from typing import Any
 import pandas as pd
 import pytest
 import yaml
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from agent_r1.config import EnvConfig, Params, ParamsError, RetrievalConfig, SyntheticConfig, load_params, parse_params
@@ -35,14 +35,23 @@ FUZZ = settings.get_profile("fuzz")
 _NO_FIXTURE_CHECK = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large]
 
 
-def fuzz_twins(**strategies: st.SearchStrategy) -> Callable[[Callable[..., None]], tuple[Any, Any]]:
-    """``test_x, test_x_fuzz = fuzz_twins(...)(check_x)``: the fast test and its slow 10k-example twin."""
+def fuzz_twins(
+    found: list[dict[str, Any]] | None = None, **strategies: st.SearchStrategy
+) -> Callable[[Callable[..., None]], tuple[Any, Any]]:
+    """``test_x, test_x_fuzz = fuzz_twins(...)(check_x)``: the fast test and its slow 10k-example twin.
+
+    ``found``: inputs the fuzzer once falsified (each a bug since fixed), tried first on every run.
+    """
 
     def make(check: Callable[..., None]) -> tuple[Any, Any]:
-        # fixtures here are read-only (a module's index) or overwritten by every example (tmp_path's files)
-        fast = settings(suppress_health_check=_NO_FIXTURE_CHECK)(given(**strategies)(check))
-        slow = settings(FUZZ, suppress_health_check=_NO_FIXTURE_CHECK)(given(**strategies)(check))
-        return fast, pytest.mark.slow(slow)
+        twins = []
+        for profile in (settings(), FUZZ):
+            test = given(**strategies)(check)
+            for kwargs in found or []:
+                test = example(**kwargs)(test)
+            # fixtures here are read-only (a module's index) or overwritten by every example (tmp_path's files)
+            twins.append(settings(profile, suppress_health_check=_NO_FIXTURE_CHECK)(test))
+        return twins[0], pytest.mark.slow(twins[1])
 
     return make
 
@@ -276,6 +285,20 @@ test_step_batch_invariants, test_step_batch_invariants_fuzz = fuzz_twins(raw_cfg
 )
 
 
+@pytest.mark.parametrize("timeout", [3600.0, 1e12, float("inf")])
+def test_tool_timeouts_the_params_accept_work(world: tuple[list[dict], Any, set[str]], timeout: float) -> None:
+    """Found by fuzzing: ``tool_timeout_s: 1e12`` (or ``.inf``) was accepted, then every step raised OverflowError."""
+    records, index, _ = world
+    cfg = env_from_params({"tool_timeout_s": timeout})
+    if cfg is None:  # refused, naming env.tool_timeout_s: fine, as long as a sane hour is accepted
+        assert timeout > 3600.0
+        return
+    env = ToolEnv([SearchTool(index, 1)], cfg)
+    episode = env.reset(records[0])
+    [res] = env.step_batch([episode], [f"<search>{records[0]['supporting_titles'][0]}</search>"])
+    assert res.observation.startswith("<information>Doc 1 (")
+
+
 # ===================================================================== params loader
 PARAM_GROUPS = tuple(Params.model_fields)
 _DEFAULTS = Params().model_dump(mode="json")
@@ -351,7 +374,12 @@ def check_parse_params_only_raises_params_error(raw: Any) -> None:
 
 
 test_parse_params_only_raises_params_error, test_parse_params_only_raises_params_error_fuzz = fuzz_twins(
-    raw=mutated_params()
+    found=[
+        {"raw": {"env": {"tool_timeout_s": float("inf")}}},  # was accepted; then every rollout step crashed
+        {"raw": {"rollout": {"temperature": float("nan")}}},
+        {"raw": {True: 1}},  # was named "1: Keys should be strings"
+    ],
+    raw=mutated_params(),
 )(check_parse_params_only_raises_params_error)
 
 _YAML_FRAGMENTS = [
@@ -387,7 +415,16 @@ def check_load_params_only_raises_params_error(tmp_path: Path, content: bytes) -
 
 
 test_load_params_only_raises_params_error, test_load_params_only_raises_params_error_fuzz = fuzz_twins(
-    content=yaml_bytes
+    found=[  # each raised a raw UnicodeDecodeError / ValueError / AttributeError / RecursionError
+        {"content": b"data:\n  seed: 0\x80\n"},
+        {"content": b"data:\n  seed: 2020-13-45\n"},
+        {"content": b"data:\n  seed: !!int x\n"},
+        {"content": b"env:\n  tool_timeout_s: !!float y\n"},
+        {"content": b"data: !!timestamp z\n"},
+        {"content": b"[" * 5000},
+        {"content": b"env:\n  tool_timeout_s: .inf\n"},
+    ],
+    content=yaml_bytes,
 )(check_load_params_only_raises_params_error)
 
 
@@ -489,7 +526,17 @@ def check_readers_only_raise_their_error(tmp_path: Path, case: tuple[str, bytes]
     assert all(d == doc_id(source, t, x) for d, t, x in corpus.itertuples(index=False))
 
 
-test_readers_only_raise_their_error, test_readers_only_raise_their_error_fuzz = fuzz_twins(case=official_file())(
+_VALID = '{"_id": "a", "answer": "b", "question": "c?", "type": "bridge", "context": [["T", ["s."]]], '
+_FOUND_FILES = [  # each raised a raw ValueError / RecursionError / UnicodeEncodeError
+    ("hotpotqa", f'[{_VALID}"supporting_facts": [["T", {"9" * 5000}]]}}]'.encode()),
+    ("2wikimultihopqa", b"[" * 100_000),
+    ("musique", b'{"id": "x", "paragraphs": [' + b"[" * 100_000 + b"\n"),
+    ("hotpotqa", f'[{_VALID}"supporting_facts": [["T\\ud800", 0]]}}]'.encode()),
+    ("hotpotqa", f'[{_VALID}"supporting_facts": [], "\\udc00": 1}}]'.encode()),
+]
+test_readers_only_raise_their_error, test_readers_only_raise_their_error_fuzz = fuzz_twins(
+    found=[{"case": case} for case in _FOUND_FILES], case=official_file()
+)(
     check_readers_only_raise_their_error
 )
 
