@@ -36,9 +36,13 @@ REAL_SOURCES: tuple[str, ...] = ("hotpotqa", "2wikimultihopqa", "musique")
 
 
 class _Strict(BaseModel):
-    """Unknown keys are errors: a misspelt knob must never be silently ignored."""
+    """Unknown keys are errors: a misspelt knob must never be silently ignored.
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    No knob takes NaN or infinity (YAML's ``.nan`` / ``.inf``): they pass ``gt=0`` checks and then
+    crash or poison the stage that uses them.
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 # ----------------------------------------------------------------------- data
@@ -323,7 +327,8 @@ class EnvConfig(_Strict):
     top_k: int = Field(3, ge=1, le=100, description="documents each search returns to the agent (and Naive RAG)")
     one_shot: bool = Field(True, description="put a one-shot example conversation in the system prompt")
     doc_chars: int = Field(300, ge=20, description="characters of each hit's text shown to the agent")
-    tool_timeout_s: float = Field(10.0, gt=0.0)
+    # le: threading's join overflows above ~9e9 s, and an hour already stalls a whole rollout step
+    tool_timeout_s: float = Field(10.0, gt=0.0, le=3600.0)
     reward: RewardConfig = RewardConfig()
 
 
@@ -527,6 +532,9 @@ def _describe(err: dict[str, Any]) -> str:
     kind, ctx, got = err["type"], err.get("ctx") or {}, err.get("input")
     if kind == "extra_forbidden":
         return f"{key}: unknown key"
+    if kind == "invalid_key":  # a YAML key that is no string (`true:`, `1.5:`); its loc is mangled (True -> 1)
+        parent = ".".join(str(p) for p in err["loc"][:-1]) or "<root>"
+        return f"{parent}: key {got!r} must be a string (quote it)"
     if kind == "missing":
         return f"{key}: required key is missing"
     bounds = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}
@@ -592,15 +600,21 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 def _read_yaml(path: Path) -> Any:
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ParamsError(str(path), ["file not found"]) from None
+    except UnicodeDecodeError as exc:
+        line = exc.object.count(b"\n", 0, exc.start) + 1
+        raise ParamsError(str(path), [f"<yaml> line {line}: not UTF-8 text (byte {exc.start})"]) from None
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "?"
         raise ParamsError(str(path), [f"<yaml> {where}: {getattr(exc, 'problem', exc)}"]) from None
+    except (ValueError, TypeError, AttributeError, RecursionError) as exc:
+        # PyYAML lets Python's own errors through: a date-like `2020-13-45`, `!!int x`, deep nesting
+        raise ParamsError(str(path), [f"<yaml>: {type(exc).__name__}: {exc}"[:300]]) from None
 
 
 def load_params(path: str | Path = DEFAULT_PARAMS) -> Params:

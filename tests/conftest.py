@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from agent_r1.config import EncoderConfig, ModelConfig
 from agent_r1.models import prepare_encoder, prepare_policy
@@ -15,6 +16,23 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # No usage reports from the temporary DVC repos the tests create (their config is dvc init's).
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+
+# Hypothesis profiles, chosen by HYPOTHESIS_PROFILE (the Makefile sets it; `ci` when CI=true).
+# `ci`: the same inputs on every run, so a red CI is reproducible and a green one is not luck.
+# `fuzz`: the slow suite's long runs (tests/test_fuzz.py gives its slow twins these settings).
+# Tests that fix their own max_examples keep it under every profile.
+FUZZ_EXAMPLES = 10_000
+settings.register_profile("ci", derandomize=True, max_examples=100, deadline=None, print_blob=True)
+settings.register_profile("dev", max_examples=50, deadline=None)
+settings.register_profile(
+    "fuzz",
+    max_examples=FUZZ_EXAMPLES,
+    deadline=None,
+    print_blob=True,
+    # long generated strings (20k repeats of a tag) are the point here, not a data-generation mistake
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") == "true" else "dev"))
 
 
 @pytest.fixture(scope="session")

@@ -92,6 +92,12 @@ def _json_error(
     return OfficialFormatError(f"{path}: invalid JSON at line {line} column {exc.colno}: {msg}{hint}")
 
 
+def _json_limit_error(path: Path, exc: Exception, where: str = "") -> OfficialFormatError:
+    """Valid JSON syntax past Python's limits: a number over 4300 digits, nesting deeper than the stack."""
+    what = "nesting too deep" if isinstance(exc, RecursionError) else str(exc).split(";")[0]
+    return OfficialFormatError(f"{path}: {where}JSON the parser cannot hold ({what})")
+
+
 def _json_records(path: Path) -> Iterator[tuple[str, Any]]:
     """``(label, record)`` for a file holding one JSON list (HotpotQA, 2Wiki); label = "record i"."""
     text = _read_text(path)
@@ -101,6 +107,8 @@ def _json_records(path: Path) -> Iterator[tuple[str, Any]]:
         hint = " (a JSON Lines file? that is MuSiQue's format)" if exc.msg == "Extra data" else ""
         ends_early = exc.msg.startswith("Unterminated") or exc.pos >= len(text.rstrip())
         raise _json_error(path, exc, exc.lineno, ends_early, hint) from None
+    except (ValueError, RecursionError) as exc:
+        raise _json_limit_error(path, exc) from None
     if not isinstance(data, list):
         raise OfficialFormatError(f"{path}: expected a JSON list of records, got a JSON {type(data).__name__}")
     for i, rec in enumerate(data):
@@ -123,6 +131,8 @@ def _jsonl_records(path: Path) -> Iterator[tuple[str, Any]]:
             if lineno == 1 and line.lstrip().startswith("["):
                 hint = " (one JSON list? that is HotpotQA's and 2Wiki's format, not MuSiQue's JSON Lines)"
             raise _json_error(path, exc, lineno, last, hint) from None
+        except (ValueError, RecursionError) as exc:
+            raise _json_limit_error(path, exc, f"line {lineno}: ") from None
         yield f"line {lineno} (record {i})", rec
         i += 1
 
@@ -150,8 +160,30 @@ def _preview(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def _surrogate_at(value: Any, path: str = "") -> str | None:
+    """Where in ``value`` a string holds an unpaired UTF-16 surrogate (a lone ``\\ud800``-style JSON escape).
+
+    Such a string is no text: it cannot be encoded, hashed into a doc id, written to parquet or printed.
+    """
+    if isinstance(value, str):
+        return path if any("\ud800" <= ch <= "\udfff" for ch in value) else None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        sub = f"{path}[{key!r}]"
+        found = _surrogate_at(key, f"{sub} (the key)") or _surrogate_at(item, sub)
+        if found is not None:
+            return found
+    return None
+
+
 def _record(rec: Any, where: str, id_key: str) -> tuple[dict, str]:
     """Check that the record is an object with an id; return it and ``where`` extended by the id."""
+    try:
+        json.dumps(rec, ensure_ascii=False).encode()  # fast path: the walk below only runs on a failure
+    except UnicodeEncodeError:
+        raise OfficialFormatError(
+            f"{where}: record{_surrogate_at(rec)} holds an unpaired UTF-16 surrogate escape, not valid text"
+        ) from None
     if not isinstance(rec, dict):
         raise OfficialFormatError(f"{where}: expected a JSON object, got {_preview(rec)}")
     qid = _get(rec, id_key, str, where)
