@@ -154,7 +154,6 @@ def test_cli_search_reads_folder_and_url(live_url, index_dir, capsys):
     assert len(lines) == 2 and lines[0] == lines[1]
 
 
-
 @pytest.fixture
 def sleeps(monkeypatch) -> list[float]:
     """The client's backoff delays, recorded instead of slept."""
@@ -195,19 +194,17 @@ def test_server_refuses_large_bodies_and_the_client_stays_under_the_limit(http, 
 
 @contextmanager
 def served(index_dir: Path, host: str = "127.0.0.1") -> Iterator[tuple[str, subprocess.Popen, list[str]]]:
-    """The real ``agent-r1 serve`` in its own process: (URL, process, its log lines so far)."""
-    from agent_r1.training.distributed import free_port as port_for
-
-    port = port_for()
+    """The real ``agent-r1 serve`` in its own process: (URL, process, its log lines so far, access log included)."""
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "agent_r1.cli", "serve", "--index", str(index_dir), "--host", host, "--port", str(port)],
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     log: list[str] = []
     ready = threading.Event()
 
     def drain() -> None:  # keep reading, or the server blocks on a full pipe
-        for line in proc.stderr:
+        for line in proc.stdout:
             log.append(line)
             if "Uvicorn running on" in line:
                 ready.set()
@@ -415,3 +412,33 @@ def test_stages_check_the_index_before_any_work(tmp_path, monkeypatch, live_url,
             with pytest.raises(error) as err:
                 stage(params, *args)
             assert message in str(err.value), (stage.__name__, index)
+
+
+@pytest.mark.slow
+def test_baselines_stage_scores_the_same_through_the_server(policy_dir, tmp_path, monkeypatch):
+    """The real baselines stage (Naive RAG + Base Tool Call, the 135M policy) with `retrieval.index` a folder, then
+    the URL of `agent-r1 serve` over that folder: the metrics are identical."""
+    import json
+
+    from agent_r1.config import SyntheticConfig
+    from agent_r1.data.synthetic import generate
+    from agent_r1.stages.baselines import baselines
+
+    monkeypatch.chdir(tmp_path)
+    questions, corpus = generate(SyntheticConfig(n_train=8, n_test=6, n_test_ood=4, entities_per_type=20), seed=3)
+    Path("data/prepared").mkdir(parents=True)
+    questions[questions["split"] == "test"].to_parquet("data/prepared/test.parquet", index=False)
+    Path("models").mkdir()
+    Path("models/policy").symlink_to(policy_dir)
+    build_index("bm25", corpus, Path("indexes/bm25"), RetrievalConfig())
+    small = {
+        "eval": {"questions_per_source": 1, "naive_rag_max_new_tokens": 16},
+        "env": {"max_turns": 2}, "rollout": {"max_new_tokens": 32},
+    }
+    metrics = {}
+    with served(Path("indexes/bm25")) as (url, _, log):
+        for index in ("bm25", url):
+            baselines(parse_params({**small, "retrieval": {"index": index}}))
+            metrics[index] = [json.loads(Path(f"metrics/eval/{m}.json").read_text()) for m in ("naive_rag", "base_tool_call")]
+    assert metrics["bm25"] == metrics[url]
+    assert any('"POST /search HTTP/1.1" 200' in line for line in log)  # Naive RAG searched through the server
