@@ -6,9 +6,9 @@ in the working directory, which is the project root for every stage), fsync'ed,
 and moved into place with ``os.replace`` (atomic on POSIX for files; for
 directories the old one is removed first, so a reader sees either nothing or the
 complete new folder); then the destination's folder is fsync'ed, so the new
-entry survives a power loss. Temp names start with the writer's pid: a stage's
-start removes the leftovers of writers that are no longer alive
-(:func:`clean_scratch`), never those of a live stage running alongside.
+entry survives a power loss. Temp names start with the writer's pid and host: a
+stage's start removes the leftovers of this host's writers that are no longer
+alive (:func:`clean_scratch`), never those of a stage running alongside.
 
 ``os.replace`` needs the temp path on the destination's filesystem. When the
 project's scratch folder is not (an output folder symlinked to another disk),
@@ -26,6 +26,7 @@ import logging
 import os
 import re
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -36,12 +37,16 @@ import pandas as pd
 log = logging.getLogger(__name__)
 
 SCRATCH = ".agent_r1_tmp"  # gitignored and dvcignored
-_OWNER = re.compile(r"^\.(\d+)\.")  # the pid that starts every temp name
+_OWNER = re.compile(r"^\.(\d+)-([A-Za-z0-9-]*)\.")  # every temp name starts with .<pid>-<host>.
 _CHUNK = 1 << 20
 _fallback_scratch: dict[int, Path | None] = {}  # per filesystem, when the project's is elsewhere
 
 
 # ------------------------------------------------------------------ scratch folder
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())
+
+
 def pid_alive(pid: int) -> bool:
     """Whether a process with this pid exists (it may belong to another user)."""
     try:
@@ -57,14 +62,18 @@ def clean_scratch(folder: str | Path = SCRATCH) -> list[Path]:
     """Remove temp files and folders left in ``folder`` by writers that are no longer alive.
 
     Returns what was removed. Entries of live processes (a stage running
-    concurrently) and entries whose name carries no pid are left alone.
+    concurrently), of other hosts (a shared filesystem) and entries whose name
+    carries no pid are left alone.
     """
     folder, removed = Path(folder), []
     if not folder.is_dir():
         return removed
     for entry in folder.iterdir():
         owner = _OWNER.match(entry.name)
-        if owner is None or int(owner.group(1)) == os.getpid() or pid_alive(int(owner.group(1))):
+        if owner is None or owner.group(2) != _host():
+            continue
+        pid = int(owner.group(1))
+        if pid == os.getpid() or pid_alive(pid):
             continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)
@@ -112,7 +121,7 @@ def scratch_for(parent: Path) -> Path:
 
 
 def _temp_prefix(path: Path) -> str:
-    return f".{os.getpid()}.{path.name}."
+    return f".{os.getpid()}-{_host()}.{path.name}."
 
 
 # ------------------------------------------------------------------ durability

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -57,16 +58,18 @@ def test_a_killed_writer_leaves_nothing_in_outputs_and_the_next_stage_start_clea
     [leftover] = (project / SCRATCH).iterdir()
     assert (leftover / "part").read_text() == "half an index"
 
-    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    try:
-        busy = project / SCRATCH / f".{live.pid}.dense.abc.tmp"  # a stage running alongside
-        busy.mkdir()
+    writing = "from agent_r1.io import atomic_dir\nwith atomic_dir('indexes/dense'):\n    input()\n"
+    live = subprocess.Popen([sys.executable, "-c", writing], cwd=project, env=env, stdin=subprocess.PIPE)
+    try:  # a stage running alongside, in the middle of its write
+        while len(busy := [p for p in (project / SCRATCH).iterdir() if p != leftover]) == 0:
+            assert live.poll() is None, "the concurrent writer died"
+            time.sleep(0.1)
         ran = []
         run_stage("probe", lambda params: ran.append(params), argv=["--params", str(ROOT / "params.yaml")])
-        assert ran and not leftover.exists() and busy.is_dir()
+        assert ran and not leftover.exists() and busy[0].is_dir()
     finally:
-        live.kill()
-        live.wait()
+        live.communicate(b"\n")
+    assert live.returncode == 0 and (project / "indexes" / "dense").is_dir()
 
 
 def test_atomic_writes_are_fsynced_before_and_after_the_rename(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
