@@ -66,10 +66,22 @@ _FRAGMENTS = [
     "Velmora", " ", "\n", "\r", "\t", "\x00", "\ud800", "\ufeff", "\u2028", "🙂", "ä", "9" * 5000, "[" * 3000,
 ]
 fragment_text = st.lists(st.one_of(st.sampled_from(_FRAGMENTS), any_text), max_size=30).map("".join)
+long_text = st.one_of(any_text, st.builds(lambda c, n: c * n, st.characters(), st.integers(0, 3000)))
+# JSON values as a policy would write them: no NaN (NaN != NaN would fail the comparison, not the parser)
+json_value = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | any_text,
+    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(any_text, kids, max_size=3),
+    max_leaves=10,
+)
+# a tool call's JSON object with right, wrong, missing or very long keys and values
+tool_call_json = st.dictionaries(
+    st.one_of(st.sampled_from(["name", "arguments"]), long_text), st.one_of(json_value, long_text), max_size=4
+).map(lambda obj: f"<tool_call>{json.dumps(obj)}</tool_call>")
 action_text = st.one_of(
     any_text,
     fragment_text,
     st.builds(lambda s, n: s * n, st.sampled_from(_FRAGMENTS[:20]), st.integers(0, 20_000)),
+    tool_call_json,
 )
 
 
@@ -113,15 +125,13 @@ def check_parse_classifies_every_text(fmt: str, text: str) -> None:
 
 
 test_parse_classifies_every_text, test_parse_classifies_every_text_fuzz = fuzz_twins(
-    fmt=st.sampled_from(["tags", "tool_call"]), text=action_text
+    found=[  # each quoted a 5000-character name or key back to the model in full
+        {"fmt": "tool_call", "text": "<tool_call>" + json.dumps({"name": "x" * 5000, "arguments": "{"}) + "</tool_call>"},
+        {"fmt": "tool_call", "text": "<tool_call>" + json.dumps({"name": "x", "y" * 5000: 1}) + "</tool_call>"},
+    ],
+    fmt=st.sampled_from(["tags", "tool_call"]),
+    text=action_text,
 )(check_parse_classifies_every_text)
-
-# JSON values as a policy would write them: no NaN (NaN != NaN would fail the comparison, not the parser)
-json_value = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | any_text,
-    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(any_text, kids, max_size=3),
-    max_leaves=10,
-)
 
 
 @st.composite
