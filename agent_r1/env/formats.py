@@ -85,8 +85,9 @@ class ParsedAction:
 
 
 def _quote(text: str) -> str:
-    text = " ".join(text.split())
-    return repr(text if len(text) <= _QUOTE_CHARS else text[:_QUOTE_CHARS] + "...")
+    """``text`` quoted and escaped, at most ~_QUOTE_CHARS long: cut after escaping, as control characters grow 4x."""
+    quoted = repr(" ".join(text.split()))
+    return quoted if len(quoted) <= _QUOTE_CHARS + 2 else quoted[: _QUOTE_CHARS + 1] + "..." + quoted[0]
 
 
 def tag_blocks(text: str, tags: list[str]) -> tuple[list[tuple[str, str]], str | None]:
