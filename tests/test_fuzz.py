@@ -128,6 +128,9 @@ test_parse_classifies_every_text, test_parse_classifies_every_text_fuzz = fuzz_t
     found=[  # each quoted a 5000-character name or key back to the model in full
         {"fmt": "tool_call", "text": "<tool_call>" + json.dumps({"name": "x" * 5000, "arguments": "{"}) + "</tool_call>"},
         {"fmt": "tool_call", "text": "<tool_call>" + json.dumps({"name": "x", "y" * 5000: 1}) + "</tool_call>"},
+        # 60 characters cut before escaping: 61 ESCs became 240 characters of quote
+        {"fmt": "tool_call", "text": "<tool_call>" + json.dumps({"name": "\x1b" * 61, "arguments": "\x1b" * 61})
+         + "</tool_call>"},  # fmt: skip
     ],
     fmt=st.sampled_from(["tags", "tool_call"]),
     text=action_text,
