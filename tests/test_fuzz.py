@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -358,18 +359,24 @@ def check_params_error_names_keys(exc: ParamsError, raw: Any) -> None:
         assert problem.startswith(tuple(k for k in keys if k)), problem
 
 
-def check_params_accepted_are_finite(params: Params) -> None:
-    """A config the loader accepts holds no NaN or infinity (a timeout of inf crashes the env)."""
-    floats = [v for v in _leaves(params.model_dump()) if isinstance(v, float)]
+def check_params_accepted_are_usable(params: Params) -> None:
+    """A config the loader accepts holds no NaN or infinity (a timeout of inf crashes the env),
+    and every seed seeds numpy (pandas' random_state; the strictest of the seeded libraries)."""
+    leaves = _leaves(params.model_dump())
+    floats = [v for _, v in leaves if isinstance(v, float)]
     assert all(math.isfinite(v) for v in floats), floats
+    for key, value in leaves:
+        if key == "seed":
+            np.random.RandomState(value)
 
 
-def _leaves(tree: Any) -> list[Any]:
+def _leaves(tree: Any, key: Any = None) -> list[tuple[Any, Any]]:
+    """``(key, value)`` of every leaf of a nested mapping (list items keep their list's key)."""
     if isinstance(tree, dict):
-        return [x for v in tree.values() for x in _leaves(v)]
+        return [x for k, v in tree.items() for x in _leaves(v, k)]
     if isinstance(tree, list):
-        return [x for v in tree for x in _leaves(v)]
-    return [tree]
+        return [x for v in tree for x in _leaves(v, key)]
+    return [(key, tree)]
 
 
 def check_parse_params_only_raises_params_error(raw: Any) -> None:
@@ -379,7 +386,7 @@ def check_parse_params_only_raises_params_error(raw: Any) -> None:
     except ParamsError as exc:
         check_params_error_names_keys(exc, raw)
         return
-    check_params_accepted_are_finite(params)
+    check_params_accepted_are_usable(params)
 
 
 test_parse_params_only_raises_params_error, test_parse_params_only_raises_params_error_fuzz = fuzz_twins(
@@ -387,6 +394,8 @@ test_parse_params_only_raises_params_error, test_parse_params_only_raises_params
         {"raw": {"env": {"tool_timeout_s": float("inf")}}},  # was accepted; then every rollout step crashed
         {"raw": {"rollout": {"temperature": float("inf")}}},
         {"raw": {True: 1}},  # was named "1: Keys should be strings"
+        {"raw": {"eval": {"seed": -1}}},  # was accepted; the evaluate stage's pandas sample then raised
+        {"raw": {"train": {"seed": 2**70}}},  # was accepted; torch.manual_seed then raised
     ],
     raw=mutated_params(),
 )(check_parse_params_only_raises_params_error)
@@ -420,7 +429,7 @@ def check_load_params_only_raises_params_error(tmp_path: Path, content: bytes) -
         assert exc.source == str(path) and str(path) in str(exc)
         check_params_error_names_keys(exc, raw)
         return
-    check_params_accepted_are_finite(params)
+    check_params_accepted_are_usable(params)
 
 
 test_load_params_only_raises_params_error, test_load_params_only_raises_params_error_fuzz = fuzz_twins(
