@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
@@ -65,6 +65,9 @@ class SyntheticConfig(_Strict):
 
 
 _SHA256 = r"^[0-9a-f]{64}$"
+# Seeds reach numpy/pandas (random_state: 0 <= seed < 2**32) and torch.manual_seed: outside that
+# range a stage would crash hours in instead of the check naming the key.
+Seed = Annotated[int, Field(ge=0, le=2**32 - 1)]
 
 
 class MirrorConfig(_Strict):
@@ -100,7 +103,7 @@ class DataConfig(_Strict):
     test_only: list[RealSource] = Field(
         default_factory=list, description="real sources whose questions are all test questions (out-of-domain)"
     )
-    seed: int = 0
+    seed: Seed = 0
     synthetic: SyntheticConfig = SyntheticConfig()
     real: RealDataConfig = RealDataConfig()
 
@@ -342,7 +345,7 @@ class RolloutConfig(_Strict):
     max_total_tokens: int = Field(2048, ge=64, description="prompt + all turns; longer episodes are truncated")
     batch_size: int = Field(32, ge=1, description="episodes per generate() call")
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
-    seed: int = 0
+    seed: Seed = 0
 
 
 # ------------------------------------------------------------ algorithm/train
@@ -388,7 +391,7 @@ class TrainConfig(_Strict):
     save_every: int = Field(5, ge=1, description="checkpoint every N steps")
     eval_every: int = Field(5, ge=1, description="greedy held-out eval every N steps")
     eval_questions: int = Field(60, ge=1, description="held-out questions for the in-training eval")
-    seed: int = 0
+    seed: Seed = 0
 
 
 class SFTConfig(_Strict):
@@ -405,7 +408,7 @@ class SFTConfig(_Strict):
     epochs: int = Field(1, ge=1)
     batch_size: int = Field(8, ge=1)
     one_shot: bool = Field(False, description="demos without the one-shot example: shorter prompts for RL")
-    seed: int = 0
+    seed: Seed = 0
 
 
 class ExperimentConfig(_Strict):
@@ -429,7 +432,7 @@ class EvalConfig(_Strict):
     questions_per_source: int | None = Field(
         75, ge=1, description="seeded sample of test questions per source; None = all"
     )
-    seed: int = 0
+    seed: Seed = 0
     naive_rag_max_new_tokens: int = Field(48, ge=1)
 
 

@@ -1,7 +1,7 @@
 """Property-based fuzzing of every boundary that text from a policy or a user crosses.
 
 Each property runs twice from one function: ``test_NAME`` in the fast suite, under the
-active Hypothesis profile (``ci``: derandomised, a few dozen examples), and
+active Hypothesis profile (``ci``: derandomised, 100 examples), and
 ``test_NAME_fuzz``, marked slow, under the ``fuzz`` profile (10,000 examples) for
 ``make test-slow``. Both profiles are registered in ``tests/conftest.py``.
 
@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -27,7 +28,7 @@ from agent_r1.config import EnvConfig, Params, ParamsError, RetrievalConfig, Syn
 from agent_r1.data.official import OfficialFormatError, convert_file, doc_id
 from agent_r1.data.schema import CORPUS_COLUMNS, QUESTION_COLUMNS, validate_corpus, validate_questions
 from agent_r1.data.synthetic import generate
-from agent_r1.env import MAX_CALLS_PER_TURN, TERMINATIONS, ParsedAction, SearchTool, ToolCall, ToolEnv, get_format
+from agent_r1.env import MAX_CALLS_PER_TURN, TERMINATIONS, Episode, ParsedAction, SearchTool, ToolCall, ToolEnv, get_format
 from agent_r1.env.rewards import answer_score
 from agent_r1.retrieval import build_index
 
@@ -66,10 +67,22 @@ _FRAGMENTS = [
     "Velmora", " ", "\n", "\r", "\t", "\x00", "\ud800", "\ufeff", "\u2028", "🙂", "ä", "9" * 5000, "[" * 3000,
 ]
 fragment_text = st.lists(st.one_of(st.sampled_from(_FRAGMENTS), any_text), max_size=30).map("".join)
+long_text = st.one_of(any_text, st.builds(lambda c, n: c * n, st.characters(), st.integers(0, 3000)))
+# JSON values as a policy would write them: no NaN (NaN != NaN would fail the comparison, not the parser)
+json_value = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | any_text,
+    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(any_text, kids, max_size=3),
+    max_leaves=10,
+)
+# a tool call's JSON object with right, wrong, missing or very long keys and values
+tool_call_json = st.dictionaries(
+    st.one_of(st.sampled_from(["name", "arguments"]), long_text), st.one_of(json_value, long_text), max_size=4
+).map(lambda obj: f"<tool_call>{json.dumps(obj)}</tool_call>")
 action_text = st.one_of(
     any_text,
     fragment_text,
     st.builds(lambda s, n: s * n, st.sampled_from(_FRAGMENTS[:20]), st.integers(0, 20_000)),
+    tool_call_json,
 )
 
 
@@ -113,15 +126,16 @@ def check_parse_classifies_every_text(fmt: str, text: str) -> None:
 
 
 test_parse_classifies_every_text, test_parse_classifies_every_text_fuzz = fuzz_twins(
-    fmt=st.sampled_from(["tags", "tool_call"]), text=action_text
+    found=[  # each quoted a 5000-character name or key back to the model in full
+        {"fmt": "tool_call", "text": "<tool_call>" + json.dumps({"name": "x" * 5000, "arguments": "{"}) + "</tool_call>"},
+        {"fmt": "tool_call", "text": "<tool_call>" + json.dumps({"name": "x", "y" * 5000: 1}) + "</tool_call>"},
+        # 60 characters cut before escaping: 61 ESCs became 240 characters of quote
+        {"fmt": "tool_call", "text": "<tool_call>" + json.dumps({"name": "\x1b" * 61, "arguments": "\x1b" * 61})
+         + "</tool_call>"},  # fmt: skip
+    ],
+    fmt=st.sampled_from(["tags", "tool_call"]),
+    text=action_text,
 )(check_parse_classifies_every_text)
-
-# JSON values as a policy would write them: no NaN (NaN != NaN would fail the comparison, not the parser)
-json_value = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | any_text,
-    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(any_text, kids, max_size=3),
-    max_leaves=10,
-)
 
 
 @st.composite
@@ -179,7 +193,7 @@ env_config = st.fixed_dictionaries({
     "one_shot": st.booleans(),
     "doc_chars": st.integers(20, 400),
     # huge and infinite timeouts are values a params file can hold: the env must cope or params refuse them
-    "tool_timeout_s": st.sampled_from([10.0, 1e12, 1e300, float("inf")]),
+    "tool_timeout_s": st.sampled_from([10.0, 10.0, 10.0, 3600.0, 1e12, float("inf")]),
     "reward": st.fixed_dictionaries({
         "scheme": st.sampled_from(["paper", "answer_only", "answer_plus_format"]),
         "answer_metric": st.sampled_from(["em", "f1"]),
@@ -244,7 +258,7 @@ def check_step_batch_invariants(world: tuple[list[dict], Any, set[str]], raw_cfg
         check_finished_episode(ep, cfg, doc_ids, n_start)
 
 
-def check_finished_episode(ep: Any, cfg: EnvConfig, doc_ids: set[str], n_start: int) -> None:
+def check_finished_episode(ep: Episode, cfg: EnvConfig, doc_ids: set[str], n_start: int) -> None:
     """Rewards within the scheme's bounds, process rewards capped, metrics and messages consistent."""
     reward, process = cfg.reward, cfg.reward.process
     answered = ep.termination == "answer"
@@ -272,12 +286,8 @@ def check_finished_episode(ep: Any, cfg: EnvConfig, doc_ids: set[str], n_start: 
     assert m["process_reward"] == pytest.approx(sum(final))
     # each turn: the assistant's text, then its observation, except for the turn that ended the episode
     ended_by_step = ep.termination != "max_length"
-    expected_roles = ["assistant", cfg_role(cfg)] * ep.turn
+    expected_roles = ["assistant", get_format(cfg.format).observation_role] * ep.turn
     assert [msg["role"] for msg in ep.messages[n_start:]] == expected_roles[: len(expected_roles) - ended_by_step]
-
-
-def cfg_role(cfg: EnvConfig) -> str:
-    return get_format(cfg.format).observation_role
 
 
 test_step_batch_invariants, test_step_batch_invariants_fuzz = fuzz_twins(raw_cfg=env_config, data=st.data())(
@@ -349,18 +359,24 @@ def check_params_error_names_keys(exc: ParamsError, raw: Any) -> None:
         assert problem.startswith(tuple(k for k in keys if k)), problem
 
 
-def check_params_accepted_are_finite(params: Params) -> None:
-    """A config the loader accepts holds no NaN or infinity (a timeout of inf crashes the env)."""
-    floats = [v for v in _leaves(params.model_dump()) if isinstance(v, float)]
+def check_params_accepted_are_usable(params: Params) -> None:
+    """A config the loader accepts holds no NaN or infinity (a timeout of inf crashes the env),
+    and every seed seeds numpy (pandas' random_state; the strictest of the seeded libraries)."""
+    leaves = _leaves(params.model_dump())
+    floats = [v for _, v in leaves if isinstance(v, float)]
     assert all(math.isfinite(v) for v in floats), floats
+    for key, value in leaves:
+        if key == "seed":
+            np.random.RandomState(value)
 
 
-def _leaves(tree: Any) -> list[Any]:
+def _leaves(tree: Any, key: Any = None) -> list[tuple[Any, Any]]:
+    """``(key, value)`` of every leaf of a nested mapping (list items keep their list's key)."""
     if isinstance(tree, dict):
-        return [x for v in tree.values() for x in _leaves(v)]
+        return [x for k, v in tree.items() for x in _leaves(v, k)]
     if isinstance(tree, list):
-        return [x for v in tree for x in _leaves(v)]
-    return [tree]
+        return [x for v in tree for x in _leaves(v, key)]
+    return [(key, tree)]
 
 
 def check_parse_params_only_raises_params_error(raw: Any) -> None:
@@ -370,14 +386,16 @@ def check_parse_params_only_raises_params_error(raw: Any) -> None:
     except ParamsError as exc:
         check_params_error_names_keys(exc, raw)
         return
-    check_params_accepted_are_finite(params)
+    check_params_accepted_are_usable(params)
 
 
 test_parse_params_only_raises_params_error, test_parse_params_only_raises_params_error_fuzz = fuzz_twins(
     found=[
         {"raw": {"env": {"tool_timeout_s": float("inf")}}},  # was accepted; then every rollout step crashed
-        {"raw": {"rollout": {"temperature": float("nan")}}},
+        {"raw": {"rollout": {"temperature": float("inf")}}},
         {"raw": {True: 1}},  # was named "1: Keys should be strings"
+        {"raw": {"eval": {"seed": -1}}},  # was accepted; the evaluate stage's pandas sample then raised
+        {"raw": {"train": {"seed": 2**70}}},  # was accepted; torch.manual_seed then raised
     ],
     raw=mutated_params(),
 )(check_parse_params_only_raises_params_error)
@@ -388,7 +406,7 @@ _YAML_FRAGMENTS = [
     "!!omap ", "!!str ", "!!python/name:os.system", ".inf", "-.inf", ".nan", "0x", "0o9", "1_000", "1e999",
     "&a ", "*a", "*b", "<<: *a\n", "[", "]", "{", "}", "? ", "- ", ": ", "\t", "\n", '"\\ud800"', "'", '"',
     "#", "%YAML 1.1\n", "---\n", "...\n", "~", "null", "true", "|\n", ">\n", "\x00", "\ufeff", "\x85",
-    "[" * 3000, "- " * 2000,
+    "[" * 1000, "- " * 2000,  # past the recursion limit; PyYAML takes seconds on longer "[" runs
 ]  # fmt: skip
 yaml_bytes = st.lists(
     st.one_of(st.sampled_from(_YAML_FRAGMENTS).map(str.encode), any_text.map(lambda s: s.encode("utf-8", "replace")),
@@ -411,7 +429,7 @@ def check_load_params_only_raises_params_error(tmp_path: Path, content: bytes) -
         assert exc.source == str(path) and str(path) in str(exc)
         check_params_error_names_keys(exc, raw)
         return
-    check_params_accepted_are_finite(params)
+    check_params_accepted_are_usable(params)
 
 
 test_load_params_only_raises_params_error, test_load_params_only_raises_params_error_fuzz = fuzz_twins(
@@ -421,7 +439,7 @@ test_load_params_only_raises_params_error, test_load_params_only_raises_params_e
         {"content": b"data:\n  seed: !!int x\n"},
         {"content": b"env:\n  tool_timeout_s: !!float y\n"},
         {"content": b"data: !!timestamp z\n"},
-        {"content": b"[" * 5000},
+        {"content": b"[" * 1000},
         {"content": b"env:\n  tool_timeout_s: .inf\n"},
     ],
     content=yaml_bytes,

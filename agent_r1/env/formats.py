@@ -85,8 +85,9 @@ class ParsedAction:
 
 
 def _quote(text: str) -> str:
-    text = " ".join(text.split())
-    return repr(text if len(text) <= _QUOTE_CHARS else text[:_QUOTE_CHARS] + "...")
+    """``text`` quoted and escaped, at most ~_QUOTE_CHARS long: cut after escaping, as control characters grow 4x."""
+    quoted = repr(" ".join(text.split()))
+    return quoted if len(quoted) <= _QUOTE_CHARS + 2 else quoted[: _QUOTE_CHARS + 1] + "..." + quoted[0]
 
 
 def tag_blocks(text: str, tags: list[str]) -> tuple[list[tuple[str, str]], str | None]:
@@ -256,9 +257,10 @@ def parse_tool_call(body: str) -> tuple[ToolCall | None, str | None]:
         return None, f"tool call is not valid JSON ({type(exc).__name__}): {_quote(body)}"
     if not isinstance(obj, dict):
         return None, f'tool call must be a JSON object {{"name": ..., "arguments": {{...}}}}, got {type(obj).__name__}'
-    extra = sorted(k for k in obj if k not in ("name", "arguments"))
-    if extra:
-        return None, f"tool call has unexpected key(s) {extra}; only 'name' and 'arguments'"
+    extra = str(sorted(k for k in obj if k not in ("name", "arguments")))
+    if extra != "[]":  # the keys are the policy's text: quoted short, like every fragment
+        shown = extra if len(extra) <= _QUOTE_CHARS else extra[:_QUOTE_CHARS] + "...]"
+        return None, f"tool call has unexpected key(s) {shown}; only 'name' and 'arguments'"
     name = obj.get("name")
     if not isinstance(name, str) or not name.strip():
         return None, "tool call needs a 'name' string"
@@ -267,7 +269,7 @@ def parse_tool_call(body: str) -> tuple[ToolCall | None, str | None]:
         try:
             args = json.loads(args)
         except (ValueError, RecursionError):
-            return None, f"'arguments' of {name!r} is a string that is not a JSON object: {_quote(obj['arguments'])}"
+            return None, f"'arguments' of {_quote(name)} is a string that is not a JSON object: {_quote(args)}"
     return ToolCall(name.strip(), args), None
 
 
