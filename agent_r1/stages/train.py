@@ -46,7 +46,7 @@ def train(params: Params, experiment: str) -> None:
         relaunch_under_deepspeed(p.train.num_procs)
 
     from agent_r1.evaluation.evaluate import select_questions
-    from agent_r1.training.distributed import is_rank0
+    from agent_r1.training.distributed import is_rank0, shutdown_distributed
     from agent_r1.training.trainer import train_rl
 
     init = paths.SFT_MODEL if exp.init == "sft" else paths.POLICY_DIR
@@ -64,6 +64,7 @@ def train(params: Params, experiment: str) -> None:
     )
     if is_rank0():
         write_json(paths.TRAIN_METRICS_DIR / f"{experiment}.json", {"experiment": experiment, "init": exp.init, **summary})
+    shutdown_distributed()
 
 
 if __name__ == "__main__":

@@ -97,6 +97,19 @@ def barrier() -> None:
         dist.barrier()
 
 
+def shutdown_distributed() -> None:
+    """Leave the process group before the interpreter exits (every rank).
+
+    Without it a rank sometimes aborted after writing all its outputs ("terminate
+    called without an active exception", SIGABRT): a communication thread outlived
+    the group, and the launcher reported the run as failed."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def device() -> torch.device:
     """The device this rank computes on (``cpu``, or ``cuda:LOCAL_RANK``)."""
     if on_cpu():

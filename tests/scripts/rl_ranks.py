@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from agent_r1.config import Params
+from agent_r1.training.distributed import shutdown_distributed
 from agent_r1.training.trainer import train_rl
 
 
@@ -32,9 +33,7 @@ def main() -> None:
 
     rank = dist.get_rank() if dist.is_initialized() else 0
     (out / f"summary_rank{rank}.json").write_text(json.dumps(summary, default=str))
-    if dist.is_initialized():  # as in train_tiny.py: no communication thread outlives the group
-        dist.barrier()
-        dist.destroy_process_group()
+    shutdown_distributed()
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from agent_r1.config import TrainConfig
 from agent_r1.io import write_json
 from agent_r1.training.checkpoint import full_state_dict, load_latest, save_checkpoint
+from agent_r1.training.distributed import shutdown_distributed
 from agent_r1.training.engines import init_distributed, make_engine  # sets DS_ACCELERATOR first
 from agent_r1.training.logprobs import equalize_micro_batches, micro_batches, select_rows, token_logprobs
 
@@ -102,11 +103,7 @@ def main() -> None:
     if state is not None:
         torch.save(state, args.out / f"weights_rank{rank}.pt")
     (args.out / f"losses_rank{rank}.json").write_text(json.dumps(losses))
-    # Leave the group before the interpreter exits: without this a ZeRO-3 rank sometimes
-    # aborted after writing everything ("terminate called without an active exception",
-    # SIGABRT; 1 in 7 runs of test_deepspeed_ranks.py), a thread outliving the process group.
-    dist.barrier()
-    dist.destroy_process_group()
+    shutdown_distributed()  # without it a ZeRO-3 rank aborted at exit in 1 of 7 module runs
 
 
 if __name__ == "__main__":
