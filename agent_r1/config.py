@@ -570,7 +570,7 @@ def with_presets(params: Params, path: str | Path) -> Params:
     A presets file (paper/presets.yaml) holds named experiments only; everything else is
     shared with params.yaml. Errors name the presets file and the key.
     """
-    raw = _read_yaml(Path(path))
+    raw = read_yaml(Path(path))
     if not isinstance(raw, dict) or set(raw) != {"experiments"} or not isinstance(raw["experiments"], dict):
         raise ParamsError(str(path), ["<root>: a presets file holds exactly one key, `experiments` (a mapping)"])
     merged = params.model_dump()
@@ -601,7 +601,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def _read_yaml(path: Path) -> Any:
+def read_yaml(path: Path) -> Any:
+    """A params or presets file as plain data; every problem (missing, not UTF-8, bad YAML,
+    a duplicate key) is a ParamsError naming the file and the line."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -622,4 +624,4 @@ def _read_yaml(path: Path) -> Any:
 
 def load_params(path: str | Path = DEFAULT_PARAMS) -> Params:
     """Read and validate a params file (YAML). Errors name the file and each key."""
-    return parse_params(_read_yaml(Path(path)), str(path))
+    return parse_params(read_yaml(Path(path)), str(path))

@@ -32,7 +32,7 @@ from prefect.artifacts import create_table_artifact  # noqa: E402
 from prefect.logging import get_run_logger  # noqa: E402
 
 from agent_r1.compare import Row, collect  # noqa: E402
-from agent_r1.config import ParamsError, parse_params  # noqa: E402
+from agent_r1.config import ParamsError, parse_params, read_yaml  # noqa: E402
 from flows.run_lock import cli_lock, exclusive_run, flow_run_name  # noqa: E402
 from tasks.dvc_stage import dvc_command, stage_env  # noqa: E402
 
@@ -192,7 +192,7 @@ def sweep(
 ) -> list[dict]:
     points = grid_points(grid)
     source = str(Path(repo) / "params.yaml")
-    base = yaml.safe_load(Path(source).read_text())
+    base = read_yaml(Path(source))  # a duplicate key is named here, as in every stage
     for point in points:  # every point is valid before anything is queued
         check_point(base, point, source)
     prefix = name or "sweep-" + datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
@@ -222,7 +222,7 @@ def main() -> None:
     args = parser.parse_args()
     try:
         grid = parse_grid(args.sets)
-        base = yaml.safe_load((Path(args.repo) / "params.yaml").read_text())
+        base = read_yaml(Path(args.repo) / "params.yaml")
         for point in grid_points(grid):
             check_point(base, point, str(Path(args.repo) / "params.yaml"))
     except (ValueError, ParamsError) as exc:

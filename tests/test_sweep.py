@@ -51,6 +51,16 @@ def test_cli_rejects_a_bad_point_before_queueing(tmp_path: Path) -> None:
     assert "retrieval.top_k=0" in proc.stderr and "retrieval.top_k: must be >= 1, got 0" in proc.stderr
 
 
+def test_cli_names_a_duplicate_key_in_params_before_queueing(tmp_path: Path) -> None:
+    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text() + "train:\n  steps: 3\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "flows.sweep", "--repo", str(tmp_path), "-S", "train.seed=1,2"],
+        cwd=ROOT, capture_output=True, text=True,
+    )
+    assert proc.returncode == 2
+    assert "duplicate key 'train'" in proc.stderr
+
+
 def test_render_aligns_columns() -> None:
     text = render([{"experiment": "HEAD", "train.seed": "", "grpo.em": 0.25},
                    {"experiment": "s-0", "train.seed": "1", "grpo.em": 0.3}])
