@@ -27,7 +27,7 @@ import uvicorn
 from fastapi.testclient import TestClient
 
 from agent_r1.config import EnvConfig, ParamsError, RetrievalConfig, parse_params
-from agent_r1.data.schema import corpus_frame
+from agent_r1.data.schema import SchemaError, corpus_frame
 from agent_r1.env import SearchTool, ToolEnv
 from agent_r1.retrieval import IndexFormatError, build_index, client, load_index
 from agent_r1.retrieval.bm25 import BM25Index
@@ -404,7 +404,7 @@ def test_stages_check_the_index_before_any_work(tmp_path, monkeypatch, live_url,
     cases = [
         (dead, RetrievalServerError, f"retrieval.index: retrieval server at {dead}/health failed 6 attempts"),
         ("bm25", IndexFormatError, "retrieval.index: index folder indexes/bm25 does not exist"),
-        (live_url, FileNotFoundError, "data/prepared/"),  # a live server: on to the stage's first input
+        (live_url, SchemaError, "data/prepared/"),  # a live server: on to the stage's first input
     ]
     for index, error, message in cases:
         params = parse_params({"retrieval": {"index": index}})
