@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
 import yaml
@@ -201,8 +201,30 @@ def _check_pin(sha256: str | None, package: str | None) -> str | None:
     return sha256
 
 
-class ModelConfig(_Strict):
+class _WheelModel(_Strict):
+    """A model taken from a local folder (``path``) or else from a pinned PyPI wheel
+    (``pypi_package``, ``sha256``): the checks both kinds of model share."""
+
+    hub_ids: ClassVar[bool] = False  # whether ``path`` may also be a hub id
+
+    @field_validator("path", check_fields=False)
+    @classmethod
+    def _path_usable(cls, v: str | None) -> str | None:
+        # a missing local folder must fail here, not become a hub download attempt in the download stage
+        if v is not None and (problem := path_problem(v, hub_ids=cls.hub_ids)):
+            raise ValueError(problem)
+        return v
+
+    @field_validator("sha256", check_fields=False)
+    @classmethod
+    def _pin_matches_package(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return _check_pin(v, info.data.get("pypi_package"))
+
+
+class ModelConfig(_WheelModel):
     """The base policy. Default: SmolLM2-135M-Instruct shipped as GGUF in a PyPI wheel."""
+
+    hub_ids: ClassVar[bool] = True
 
     path: str | None = Field(
         None,
@@ -217,22 +239,10 @@ class ModelConfig(_Strict):
     gguf_file: str = Field("SmolLM2-135M-Instruct.Q4_1.gguf", description="GGUF file inside the wheel")
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
 
-    @field_validator("path")
-    @classmethod
-    def _local_path_exists(cls, v: str | None) -> str | None:
-        # a missing local folder must fail here, not become a hub download attempt in the download stage
-        if v is not None and (problem := path_problem(v, hub_ids=True)):
-            raise ValueError(problem)
-        return v
-
-    @field_validator("sha256")
-    @classmethod
-    def _pin_matches_package(cls, v: str | None, info: ValidationInfo) -> str | None:
-        return _check_pin(v, info.data.get("pypi_package"))
 
 
 # ------------------------------------------------------------------ retrieval
-class EncoderConfig(_Strict):
+class EncoderConfig(_WheelModel):
     """The dense retriever's sentence encoder. Default: all-MiniLM-L6-v2 from a PyPI wheel."""
 
     path: str | None = Field(None, description="an existing local sentence-transformers folder; None = the package")
@@ -243,19 +253,6 @@ class EncoderConfig(_Strict):
     )
     batch_size: int = Field(64, ge=1)
     max_seq_length: int = Field(256, ge=16)
-
-    @field_validator("path")
-    @classmethod
-    def _folder_exists(cls, v: str | None) -> str | None:
-        # only a local folder is supported here (no hub ids), so every value must exist
-        if v is not None and (problem := path_problem(v, hub_ids=False)):
-            raise ValueError(problem)
-        return v
-
-    @field_validator("sha256")
-    @classmethod
-    def _pin_matches_package(cls, v: str | None, info: ValidationInfo) -> str | None:
-        return _check_pin(v, info.data.get("pypi_package"))
 
 
 class BM25Config(_Strict):
