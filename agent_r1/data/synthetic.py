@@ -1,7 +1,7 @@
 """The embedded default data set: a fictional multi-hop world generated from a seed.
 
 Why fictional: a small policy must not answer from memory, so every fact has to
-be found with the search tool. Why these shapes (see FINDINGS.md, "Warm start"):
+be found with the search tool. Why these shapes:
 a plain 2-hop world was solved by five minutes of SFT, so this one keeps
 headroom for RL:
 

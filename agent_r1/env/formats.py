@@ -19,7 +19,7 @@ their observations, the answer) as real chat turns placed between the system
 prompt and the question. Not as text inside the system prompt: measured with
 SmolLM2-135M (16 samples each, temperature 1), the example written inline in
 the system prompt gave 0 of 48 turns opening with ``<search>``, the same
-example as chat turns 8 of 16 (FINDINGS.md: no example at all, 0 of 32).
+example as chat turns 8 of 16 (no example at all: 0 of 32).
 
 Parsing policy (the same for both; a violation sets ``error`` and no action
 runs, the env shows the error and counts one invalid call):

@@ -27,7 +27,7 @@ episode did not answer, sets every positive turn reward to 0 (negative ones
 stay: a never-answering episode can only lose by its malformed calls); (2) if
 the positive turn rewards sum to more than ``cap``, scales them all by
 ``cap / sum`` (scaling, not clipping, so late turns keep their share of the
-credit). FINDINGS.md: without (1) and (2) the policy learned to search every
+credit). Without (1) and (2) the policy learned to search every
 turn and never answer.
 """
 

@@ -1,6 +1,6 @@
 """Token log-probabilities and values, micro-batched by a token budget.
 
-FINDINGS.md: one update over 32 trajectories with full-vocabulary float32
+One update over 32 trajectories with full-vocabulary float32
 logits (49,152 classes) was killed at 24 GB. So logits are never materialised
 for the whole batch: the backbone runs once, and the LM head + float32
 log-softmax run over chunks of at most ``chunk_tokens`` positions. With

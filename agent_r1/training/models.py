@@ -25,7 +25,7 @@ def _dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def _checkpointing(model: PreTrainedModel, enabled: bool) -> None:
-    """Recompute activations in the backward (FINDINGS: needed to fit on a CPU);
+    """Recompute activations in the backward (needed to fit on a CPU);
     the KV cache is useless in training and conflicts with checkpointing."""
     model.config.use_cache = False
     if enabled:

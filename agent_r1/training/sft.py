@@ -7,7 +7,7 @@ loss is the token-mean negative log-likelihood of the expert's action tokens
 (observations and prompt masked out), on the same DeepSpeed engine as RL.
 
 It is deliberately partial by default (few demonstrations, bridge questions
-only): FINDINGS.md saw a full warm start saturate a simple world, leaving RL
+only): a full warm start was seen to saturate a simple world, leaving RL
 nothing to show.
 """
 
