@@ -340,7 +340,12 @@ class RolloutConfig(_Strict):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(160, ge=1, description="tokens generated per turn")
     max_total_tokens: int = Field(2048, ge=64, description="prompt + all turns; longer episodes are truncated")
-    batch_size: int = Field(32, ge=1, description="episodes per generate() call")
+    batch_size: int = Field(32, ge=1, description="episodes decoded at once (slots of the continuous batch)")
+    continuous: bool = Field(
+        True,
+        description="transformers engine: keep each episode's KV cache across turns and refill free slots as "
+        "episodes finish; false = one generate() call per turn that re-prefills the whole history",
+    )
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
     seed: Seed = 0
 
