@@ -275,6 +275,16 @@ def fp32_engine(model_dir: Path) -> TransformersEngine:
     return TransformersEngine(model_dir, dtype="float32")
 
 
+def teacher_forced_diff(model, batch: TrajectoryBatch) -> torch.Tensor:
+    """|rollout logprob - teacher-forced logprob| of every action token, float32."""
+    act = batch.action_mask[:, 1:] == 1  # position t predicts token t + 1
+    with torch.inference_mode():
+        hidden = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+        logits = hidden[:, :-1][act].float() @ model.get_output_embeddings().weight.float().T
+    tf = torch.log_softmax(logits, -1).gather(-1, batch.input_ids[:, 1:][act][:, None]).squeeze(-1)
+    return (tf - batch.rollout_logprobs[:, 1:][act]).abs()
+
+
 @pytest.mark.parametrize("fmt", ["tags", "tool_call"])
 def test_real_engine_and_env_rollout_is_token_exact(fmt: str, fp32_engine: TransformersEngine, bm25, tokenizer) -> None:
     """Real model + real BM25 ToolEnv; the rollout logprobs must survive a teacher-forced pass of the whole batch.
@@ -285,16 +295,10 @@ def test_real_engine_and_env_rollout_is_token_exact(fmt: str, fp32_engine: Trans
     """
     engine = RecordingEngine(fp32_engine)
     env = make_env(fmt, index=bm25, max_turns=2, one_shot=True)
-    cfg = rollout_cfg(n=2, max_new_tokens=24, max_total_tokens=1024, batch_size=4, seed=1)
+    cfg = rollout_cfg(n=2, max_new_tokens=24, max_total_tokens=1024, batch_size=4, seed=1, continuous=False)
     batch = run_episodes(engine, env, tokenizer, RECORDS, cfg)
     check_token_exact(batch, engine.calls)
-    model = fp32_engine.model
-    act = batch.action_mask[:, 1:] == 1  # position t predicts token t + 1
-    with torch.inference_mode():
-        hidden = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
-        logits = hidden[:, :-1][act].float() @ model.get_output_embeddings().weight.float().T
-    tf = torch.log_softmax(logits, -1).gather(-1, batch.input_ids[:, 1:][act][:, None]).squeeze(-1)
-    diff = (tf - batch.rollout_logprobs[:, 1:][act]).abs()
+    diff = teacher_forced_diff(fp32_engine.model, batch)
     turns = [i["turns"] for i in batch.info]
     print(f"\n{fmt}: turns {turns}, terminations {[i['termination'] for i in batch.info]}, "
           f"teacher-forced |diff| mean {diff.mean():.2e} max {diff.max():.2e} over {len(diff)} action tokens")
@@ -302,3 +306,44 @@ def test_real_engine_and_env_rollout_is_token_exact(fmt: str, fp32_engine: Trans
     for info in batch.info:
         assert info["termination"] in ("answer", "max_turns", "no_action", "max_length")
         assert {"question_id", "em", "f1", "answered", "tool_calls", "invalid_calls", "outcome_reward"} <= set(info)
+
+
+def reprefill_work(batch: TrajectoryBatch) -> int:
+    """Tokens a per-turn engine runs for these episodes: each turn prefills the whole history
+    before it, then feeds back every sampled token but the turn's last."""
+    work = 0
+    for row in range(len(batch)):
+        action = (batch.action_mask[row] == 1).nonzero().squeeze(-1)
+        turns = batch.turn_index[row][action]
+        for k in turns.unique().tolist():
+            positions = action[turns == k]
+            work += int(positions[0]) + len(positions) - 1
+    return work
+
+
+def test_continuous_rollout_computes_each_token_once_and_matches_teacher_forcing(fp32_engine, bm25, tokenizer) -> None:
+    """Cross-turn KV reuse and slot refilling (3 slots for 4 episodes) are exact and prefill nothing twice.
+
+    ``row_tokens`` counts, per episode, the tokens whose KV the engine computed
+    for it. The per-turn path re-prefills the history every turn (the control:
+    its count equals :func:`reprefill_work` of its own episodes); the
+    continuous one computes every token of an episode once (the last sampled
+    token is never fed), and a group's shared prompt once per group.
+    """
+    env = make_env("tags", index=bm25, max_turns=3, one_shot=True)
+    for continuous in (False, True):
+        fp32_engine.stats = dict.fromkeys(fp32_engine.stats, 0)
+        cfg = rollout_cfg(n=2, max_new_tokens=24, max_total_tokens=1024, batch_size=3, seed=3, continuous=continuous)
+        batch = run_episodes(fp32_engine, env, tokenizer, RECORDS, cfg)
+        stats, final = fp32_engine.stats, int(batch.attention_mask.sum())
+        turns = [i["turns"] for i in batch.info]
+        diff = teacher_forced_diff(fp32_engine.model, batch)
+        print(f"\ncontinuous={continuous}: turns {turns}, final tokens {final}, stats {stats}, "
+              f"re-prefill work {reprefill_work(batch)}, |diff| mean {diff.mean():.2e} max {diff.max():.2e}")
+        assert diff.mean() < 1e-4 and diff.max() < 1e-3
+        assert sum(turns) > len(turns)  # multi-turn, or there is nothing to reuse
+        if continuous:
+            assert stats["row_tokens"] == final - len(batch)
+            assert stats["prefill_tokens"] + stats["decode_tokens"] < stats["row_tokens"]  # the shared prompt
+        else:
+            assert stats["row_tokens"] == reprefill_work(batch) > 1.2 * final

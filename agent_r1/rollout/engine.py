@@ -18,9 +18,11 @@ match it to ~1e-2 in bf16 should do the same.
 
 from __future__ import annotations
 
+import functools
 import logging
+import random
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +47,26 @@ class GenerationOutput:
     finish_reason: str
 
 
+# A turn ended for these (episode index, output) pairs: return, per pair, the ids to
+# append before the episode's next turn (its observation), or None when it is done.
+TurnEnd = Callable[[list[tuple[int, GenerationOutput]]], list[list[int] | None]]
+
+
+@dataclass(frozen=True)
+class TurnSettings:
+    """How multi-turn episodes are generated (from ``rollout`` params).
+
+    Each turn may generate ``min(max_new_tokens, max_total_tokens - length so
+    far)`` tokens; ``slots`` episodes are decoded at once.
+    """
+
+    max_new_tokens: int
+    max_total_tokens: int
+    temperature: float
+    top_p: float
+    slots: int
+
+
 class GenerationEngine(ABC):
     """What the rollout loop needs from an inference backend (transformers, vLLM, a test double)."""
 
@@ -60,9 +82,53 @@ class GenerationEngine(ABC):
     ) -> list[GenerationOutput]:
         """Continue every prompt; greedy when ``temperature == 0``. See the module doc for logprobs."""
 
+    def run_turns(
+        self, prompts: list[list[int]], on_turn_end: TurnEnd, settings: TurnSettings,
+        stop_strings: Sequence[str] = (), seed: int = 0,
+    ) -> None:
+        """Play multi-turn episodes to the end: generate a turn, hand it to ``on_turn_end``, append the reply.
+
+        This default runs turn by turn (:func:`run_turns_synchronously`);
+        engines that keep state across turns override it.
+        """
+        run_turns_synchronously(self, prompts, on_turn_end, settings, stop_strings, seed)
+
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Load new policy weights (weight sync from the trainer)."""
         raise NotImplementedError(f"{type(self).__name__} does not support update_weights")
+
+
+def run_turns_synchronously(
+    engine: GenerationEngine, prompts: list[list[int]], on_turn_end: TurnEnd, settings: TurnSettings,
+    stop_strings: Sequence[str] = (), seed: int = 0,
+) -> None:
+    """One ``generate`` call per turn (per ``settings.slots`` episodes) with each episode's whole history.
+
+    The engine sees every history afresh, so unless it caches prefixes itself
+    (vLLM's prefix caching does) it prefills the history again on every turn,
+    and a turn waits for its slowest episode. Episodes go sorted by length
+    (similar lengths waste less padding); the i-th call's seed is the i-th draw
+    of ``random.Random(seed)``.
+    """
+    seqs = [list(p) for p in prompts]
+    seeds = random.Random(seed)
+    active = list(range(len(seqs)))
+    while active:
+        order = sorted(active, key=lambda i: len(seqs[i]))
+        outputs: list[GenerationOutput] = []
+        for start in range(0, len(order), settings.slots):
+            chunk = order[start : start + settings.slots]
+            outputs += engine.generate(
+                [seqs[i] for i in chunk],
+                [min(settings.max_new_tokens, settings.max_total_tokens - len(seqs[i])) for i in chunk],
+                temperature=settings.temperature, top_p=settings.top_p, stop_strings=stop_strings,
+                seed=seeds.getrandbits(63),
+            )
+        replies = on_turn_end(list(zip(order, outputs)))
+        for i, out, reply in zip(order, outputs, replies, strict=True):
+            if reply is not None:
+                seqs[i] += out.token_ids + reply
+        active = sorted(i for i, reply in zip(order, replies) if reply is not None)
 
 
 def check_generate_args(
@@ -107,6 +173,22 @@ def sample_tokens(
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)
 
 
+@functools.lru_cache(maxsize=8)
+def completing_tokens(tokenizer, stop_strings: tuple[str, ...]) -> frozenset[int] | None:
+    """Ids of the tokens that can complete one of ``stop_strings``; None when any token might.
+
+    A stop string is complete when its last character appears, and an ASCII
+    character is always spelled whole inside the one token that carries it, so
+    only tokens whose text contains some stop string's last character need the
+    tail to be decoded: decoding on every token cost more than a decoding step.
+    """
+    if not stop_strings or any(not s[-1].isascii() for s in stop_strings):
+        return None
+    last = {s[-1] for s in stop_strings}
+    texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=False)
+    return frozenset(i for i, text in enumerate(texts) if any(c in text for c in last))
+
+
 class StopChecker:
     """Finds a stop string at the end of a growing token sequence, decoding only a short tail.
 
@@ -121,9 +203,10 @@ class StopChecker:
         self.tokenizer = tokenizer
         self.stop_strings = [s for s in stop_strings if s]
         self.window = max((len(s) for s in self.stop_strings), default=0) + 4
+        self.enders = completing_tokens(tokenizer, tuple(self.stop_strings))
 
     def hit(self, token_ids: list[int]) -> bool:
-        if not self.stop_strings:
+        if not self.stop_strings or (self.enders is not None and token_ids[-1] not in self.enders):
             return False
         tail = self.tokenizer.decode(token_ids[-self.window :], skip_special_tokens=False)
         return any(s in tail for s in self.stop_strings)
@@ -170,6 +253,10 @@ class TransformersEngine(GenerationEngine):
         self.min_shared_prefix = min_shared_prefix
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.stop_token_ids = self._stop_token_ids(extra_stop_tokens)
+        # Tokens run through the model (reset by the caller at will): prompt/observation tokens
+        # prefilled, sampled tokens fed back, padding computed alongside them, and row_tokens:
+        # the tokens whose KV each row received (a prefix shared by k rows counts k times)
+        self.stats = {"prefill_tokens": 0, "decode_tokens": 0, "padded_tokens": 0, "row_tokens": 0}
         log.info("loaded %s (%s on %s); stop tokens %s", model_path, dtype, device, sorted(self.stop_token_ids))
 
     def _stop_token_ids(self, extra: Sequence[str]) -> set[int]:
@@ -221,7 +308,20 @@ class TransformersEngine(GenerationEngine):
         pos = torch.arange(n, device=self.device)[None]
         self.model.get_decoder()(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True)
         cache.batch_repeat_interleave(len(prompts))
+        self.stats["prefill_tokens"] += n
         return n
+
+    @torch.inference_mode()
+    def run_turns(
+        self, prompts: list[list[int]], on_turn_end: TurnEnd, settings: TurnSettings,
+        stop_strings: Sequence[str] = (), seed: int = 0,
+    ) -> None:
+        """Continuous batching with each episode's KV cache kept across turns (see :mod:`.continuous`)."""
+        from agent_r1.rollout.continuous import ContinuousBatcher
+
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(random.Random(seed).getrandbits(63))
+        ContinuousBatcher(self, settings, stop_strings, gen).run(prompts, on_turn_end)
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Copy trainer weights in place (dtype/device cast by ``load_state_dict``); names must match exactly."""
@@ -267,6 +367,10 @@ class TransformersEngine(GenerationEngine):
         # padding sits between the shared prefix and each suffix; positions skip it
         pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
         logits = self._last_logits(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+        real = sum(len(prompts[i]) - shared for i in rows)
+        self.stats["prefill_tokens"] += real
+        self.stats["row_tokens"] += real + shared * len(rows)
+        self.stats["padded_tokens"] += ids.numel() - real
         last_pos = pos[:, -1:]
         alive = [True] * len(rows)
         while True:
@@ -293,6 +397,9 @@ class TransformersEngine(GenerationEngine):
                 alive = [True] * len(rows)
             mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
             last_pos = last_pos + 1
+            self.stats["decode_tokens"] += sum(alive)
+            self.stats["row_tokens"] += sum(alive)
+            self.stats["padded_tokens"] += len(alive) - sum(alive)
             logits = self._last_logits(
                 input_ids=tokens[:, None],
                 attention_mask=mask,

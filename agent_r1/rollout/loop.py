@@ -13,30 +13,34 @@ Each trajectory is a list of token ids grown by concatenation only:
   The policy's own tokens are decoded for the env's parser, never re-encoded
   (re-encoding drifts: Agent-R1's training broke on it).
 
-Turn by turn only the active episodes go to the engine, sorted by length and
-in chunks of ``cfg.batch_size`` (similar lengths waste less left padding); all
-of a turn's actions go to ``env.step_batch`` together, so their tool calls run
-as one batch. An episode whose next turn would have no room under
-``cfg.max_total_tokens`` is truncated there and finished with ``"max_length"``.
+The engine plays the turns (``engine.run_turns``): it generates an action,
+the loop hands it to the env and gives back the observation ids to append
+(``None`` when the episode is done), and the engine continues that episode.
+Actions that end at the same time go to ``env.step_batch`` together, so their
+tool calls run as one batch. With ``cfg.continuous`` (default) the engine keeps
+each episode's KV cache across turns and refills free slots as episodes finish
+(:mod:`agent_r1.rollout.continuous`); otherwise every turn is one ``generate``
+call per ``cfg.batch_size`` episodes with their whole history
+(:func:`~agent_r1.rollout.engine.run_turns_synchronously`). An episode whose
+next turn would have no room under ``cfg.max_total_tokens`` is truncated there
+and finished with ``"max_length"``.
 
 Greedy (evaluation) uses temperature 0 and one sample per record: with n > 1
 the samples would be identical copies.
 
-Seeding: the i-th ``generate`` call of a run gets the i-th seed drawn from
-``random.Random(cfg.seed)``, so a run is reproducible for a given ``cfg.seed``
-(and batch layout); the trainer varies ``cfg.seed`` per step
-(``cfg.model_copy(update={"seed": ...})``).
+Seeding: a run is reproducible for a given ``cfg.seed`` (and batch layout);
+the trainer varies ``cfg.seed`` per step (``cfg.model_copy(update={"seed": ...})``).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-import random
 from dataclasses import dataclass, field
 from typing import Any
 
 from agent_r1.config import RolloutConfig
-from agent_r1.rollout.engine import GenerationEngine, GenerationOutput
+from agent_r1.rollout.engine import GenerationEngine, GenerationOutput, TurnSettings, run_turns_synchronously
 from agent_r1.rollout.trajectory import TrajectoryBatch
 
 log = logging.getLogger(__name__)
@@ -177,27 +181,26 @@ def _start(env: Any, tokenizer: Any, record: dict, group_id: int, tools: list[di
     return _Trajectory(episode, group_id, [dict(m) for m in episode.messages], list(ids), len(ids))
 
 
-def _generate(
-    engine: GenerationEngine,
-    active: list[_Trajectory],
-    cfg: RolloutConfig,
-    temperature: float,
-    stop_strings: list[str],
-    seeds: random.Random,
-) -> list[GenerationOutput]:
-    outputs: list[GenerationOutput] = []
-    for start in range(0, len(active), cfg.batch_size):
-        chunk = active[start : start + cfg.batch_size]
-        budgets = [min(cfg.max_new_tokens, cfg.max_total_tokens - len(t.input_ids)) for t in chunk]
-        outputs += engine.generate(
-            [t.input_ids for t in chunk],
-            budgets,
-            temperature=temperature,
-            top_p=cfg.top_p,
-            stop_strings=stop_strings,
-            seed=seeds.getrandbits(63),
-        )
-    return outputs
+def _next_turn(t: _Trajectory, out: GenerationOutput, text: str, res: Any, env: Any, tokenizer: Any,
+               tools: list[dict] | None, cfg: RolloutConfig) -> list[int] | None:
+    """Record a turn's action; return the observation ids to append, or None when the episode is done."""
+    history = t.conversation
+    t.add(out.token_ids, is_action=True, logprobs=out.logprobs)
+    t.conversation = [*history, {"role": "assistant", "content": text}]
+    if res.done:
+        t.done = True
+        return None
+    role = res.observation_role
+    obs_ids = encode(tokenizer, observation_delta(tokenizer, history, tools, res.observation, role, out.token_ids[-1]))
+    t.conversation.append({"role": role, "content": res.observation})
+    room = cfg.max_total_tokens - len(t.input_ids)
+    if len(obs_ids) >= room:  # no token left to generate after it: truncate here
+        t.add(obs_ids[:room], is_action=False)
+        env.finish(t.episode, "max_length")
+        t.done = True
+        return None
+    t.add(obs_ids, is_action=False)
+    return obs_ids
 
 
 def run_episodes(
@@ -210,35 +213,23 @@ def run_episodes(
 ) -> TrajectoryBatch:
     """Play ``cfg.n`` episodes of every record (1 when ``greedy``) to the end; see the module doc."""
     n = 1 if greedy else cfg.n
-    temperature = 0.0 if greedy else cfg.temperature
     tools = env.tool_specs()
-    stop_strings = list(env.format.stop_strings)
-    seeds = random.Random(cfg.seed)
     trajs = [_start(env, tokenizer, rec, g, tools, cfg) for g, rec in enumerate(records) for _ in range(n)]
 
-    while active := sorted((t for t in trajs if not t.done), key=lambda t: len(t.input_ids)):
-        outputs = _generate(engine, active, cfg, temperature, stop_strings, seeds)
-        texts = [tokenizer.decode(o.token_ids, skip_special_tokens=True) for o in outputs]
-        results = env.step_batch([t.episode for t in active], texts)
-        for t, out, text, res in zip(active, outputs, texts, results, strict=True):
-            history = t.conversation
-            t.add(out.token_ids, is_action=True, logprobs=out.logprobs)
-            t.conversation = [*history, {"role": "assistant", "content": text}]
-            if res.done:
-                t.done = True
-                continue
-            role = res.observation_role
-            delta = observation_delta(tokenizer, history, tools, res.observation, role, out.token_ids[-1])
-            obs_ids = encode(tokenizer, delta)
-            t.conversation.append({"role": role, "content": res.observation})
-            room = cfg.max_total_tokens - len(t.input_ids)
-            if len(obs_ids) >= room:  # no token left to generate after it: truncate here
-                t.add(obs_ids[:room], is_action=False)
-                env.finish(t.episode, "max_length")
-                t.done = True
-            else:
-                t.add(obs_ids, is_action=False)
-        log.debug("turn done: %d active, %d finished", sum(not t.done for t in trajs), sum(t.done for t in trajs))
+    def on_turn_end(ended: list[tuple[int, GenerationOutput]]) -> list[list[int] | None]:
+        texts = [tokenizer.decode(out.token_ids, skip_special_tokens=True) for _, out in ended]
+        results = env.step_batch([trajs[i].episode for i, _ in ended], texts)
+        return [
+            _next_turn(trajs[i], out, text, res, env, tokenizer, tools, cfg)
+            for (i, out), text, res in zip(ended, texts, results, strict=True)
+        ]
+
+    settings = TurnSettings(
+        max_new_tokens=cfg.max_new_tokens, max_total_tokens=cfg.max_total_tokens,
+        temperature=0.0 if greedy else cfg.temperature, top_p=cfg.top_p, slots=cfg.batch_size,
+    )
+    run = engine.run_turns if cfg.continuous else functools.partial(run_turns_synchronously, engine)
+    run([t.input_ids for t in trajs], on_turn_end, settings, list(env.format.stop_strings), cfg.seed)
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return TrajectoryBatch.from_sequences([t.as_sequence() for t in trajs], pad_id)

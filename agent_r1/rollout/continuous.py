@@ -1,0 +1,269 @@
+"""Continuous batching for multi-turn episodes, with each episode's KV cache kept across turns.
+
+The per-turn path (:func:`agent_r1.rollout.engine.run_turns_synchronously`)
+hands the engine every episode's whole history on every turn, so the prompt,
+earlier actions and observations are prefilled again turn after turn, and a
+turn waits for its slowest episode. Here an episode is a *slot*:
+
+* its KV cache is kept when its turn ends; when it comes back with an
+  observation, only the tokens not yet computed (the turn's last sampled token
+  and the observation) are prefilled on top of it;
+* the first prompts are deduplicated (the ``n`` samples of a question share one
+  prompt) and their common prefix (system prompt, one-shot example) is run
+  once, so a group's prompt is prefilled once;
+* rows leave the running batch as their turn ends, and waiting episodes
+  (observations back from the tools, or episodes not started yet) are
+  prefilled and merged into it while the others keep decoding.
+
+The running batch is one KV cache ``[rows, kv_heads, width, head_dim]`` per
+layer whose rows are left-padded to the same width; an attention mask marks
+the real positions and each row carries its own position counter, so padding
+never shifts a position. Every token of an episode is thus computed exactly
+once, except that the group's shared prompt is computed once for the group.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from agent_r1.rollout.engine import GenerationOutput, StopChecker, TurnEnd, TurnSettings, sample_tokens
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [kv_heads, n, head_dim]
+
+
+@dataclass
+class _Episode:
+    tokens: list[int]  # everything so far: prompt, actions, observations
+    kv: KV | None = None  # the cache of tokens[:n_cached]
+    n_cached: int = 0
+    out: GenerationOutput = field(default_factory=lambda: GenerationOutput([], [], "length"))
+    limit: int = 0  # tokens this turn may generate
+
+
+@dataclass
+class _Rows:
+    """Running rows: their KV cache, attention mask [B, W], next positions [B] and episodes."""
+
+    kv: KV  # per layer [B, kv_heads, W, head_dim]
+    mask: torch.Tensor
+    next_pos: torch.Tensor
+    logits: torch.Tensor  # [B, V] float32: each row's next-token distribution
+    episodes: list[int]
+    alive: list[bool]
+
+
+# Admit waiting episodes once this share of the slots can be filled (or nothing runs): each
+# admission is a prefill forward plus a copy of the running cache, worth batching.
+ADMIT_FRACTION = 0.25
+
+
+def _pad_left(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    missing = width - x.shape[dim]
+    if missing == 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = missing
+    return torch.cat([x.new_zeros(shape), x], dim=dim)
+
+
+def _merge(parts: list[_Rows]) -> _Rows:
+    """One batch of all parts' rows, each left-padded to the widest."""
+    if len(parts) == 1:
+        return parts[0]
+    width = max(p.mask.shape[1] for p in parts)
+    kv = [
+        (
+            torch.cat([_pad_left(p.kv[layer][0], width, 2) for p in parts]),
+            torch.cat([_pad_left(p.kv[layer][1], width, 2) for p in parts]),
+        )
+        for layer in range(len(parts[0].kv))
+    ]
+    return _Rows(
+        kv,
+        torch.cat([_pad_left(p.mask, width, 1) for p in parts]),
+        torch.cat([p.next_pos for p in parts]),
+        torch.cat([p.logits for p in parts]),
+        [e for p in parts for e in p.episodes],
+        [a for p in parts for a in p.alive],
+    )
+
+
+def _select(rows: _Rows, keep: list[int]) -> _Rows:
+    """Only rows ``keep``, with the leading columns that are padding in every kept row cut off."""
+    index = torch.tensor(keep, dtype=torch.long)
+    mask = rows.mask.index_select(0, index)
+    first = int(mask.any(0).long().argmax()) if mask.numel() else 0
+    kv = [(k.index_select(0, index)[:, :, first:], v.index_select(0, index)[:, :, first:]) for k, v in rows.kv]
+    return _Rows(
+        kv, mask[:, first:], rows.next_pos.index_select(0, index), rows.logits.index_select(0, index),
+        [rows.episodes[r] for r in keep], [rows.alive[r] for r in keep],
+    )
+
+
+class ContinuousBatcher:
+    """Runs multi-turn episodes to the end on a :class:`~agent_r1.rollout.engine.TransformersEngine`."""
+
+    def __init__(self, engine, settings: TurnSettings, stop_strings: Sequence[str], generator: torch.Generator):
+        self.engine, self.cfg, self.gen = engine, settings, generator
+        self.stops = StopChecker(engine.tokenizer, stop_strings)
+
+    # ------------------------------------------------------------ forwards
+    def _forward(self, kv: KV, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> tuple[KV, torch.Tensor]:
+        """Feed ``ids`` [B, S] on top of cache ``kv`` (mask covers cache + ids); return (new cache, last logits)."""
+        from transformers import DynamicCache
+
+        config = self.engine.model.config
+        cache = DynamicCache(ddp_cache_data=kv, config=config) if kv else DynamicCache(config=config)
+        logits = self.engine._last_logits(
+            input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True
+        )
+        return [(layer.keys, layer.values) for layer in cache.layers], logits
+
+    def _shared_prefix(self, prompts: list[list[int]]) -> tuple[KV | None, int]:
+        """The KV of the prompts' common prefix, computed once (at least one token of each is left)."""
+        first, shortest = prompts[0], min(len(p) for p in prompts)
+        n = 0
+        while n < shortest - 1 and all(p[n] == first[n] for p in prompts):
+            n += 1
+        if n < max(1, self.engine.min_shared_prefix):
+            return None, 0
+        ids = torch.tensor([first[:n]])
+        kv, _ = self._forward([], ids, torch.ones_like(ids), torch.arange(n)[None])
+        self.engine.stats["prefill_tokens"] += n
+        return [(k[0], v[0]) for k, v in kv], n
+
+    def _prefill(self, items: list[tuple[KV | None, int, list[int]]]) -> tuple[KV, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rows of (cached KV, its length, new ids): each row laid out as [pad | cache][pad | new ids].
+
+        Returns the merged cache, mask, next positions and last-position logits.
+        """
+        width_c = max(n for _, n, _ in items)
+        width_s = max(len(s) for _, _, s in items)
+        B = len(items)
+        mask = torch.zeros((B, width_c + width_s), dtype=torch.long)
+        ids = torch.full((B, width_s), self.engine.pad_id, dtype=torch.long)
+        pos = torch.zeros((B, width_s), dtype=torch.long)
+        kv: KV = []
+        for r, (cached, n, suffix) in enumerate(items):
+            mask[r, width_c - n : width_c] = 1
+            mask[r, width_c + width_s - len(suffix) :] = 1
+            ids[r, width_s - len(suffix) :] = torch.tensor(suffix)
+            pos[r, width_s - len(suffix) :] = torch.arange(n, n + len(suffix))
+        if width_c:
+            layers = next(c for c, _, _ in items if c is not None)
+            for layer in range(len(layers)):
+                k = torch.stack([_pad_left(c[layer][0] if c else layers[layer][0][:, :0], width_c, 1) for c, _, _ in items])
+                v = torch.stack([_pad_left(c[layer][1] if c else layers[layer][1][:, :0], width_c, 1) for c, _, _ in items])
+                kv.append((k, v))
+        self.engine.stats["prefill_tokens"] += sum(len(s) for _, _, s in items)
+        self.engine.stats["padded_tokens"] += B * width_s - sum(len(s) for _, _, s in items)
+        kv, logits = self._forward(kv, ids, mask, pos)
+        return kv, mask, torch.tensor([n + len(s) for _, n, s in items]), logits
+
+    def _admit(self, episodes: list[_Episode], chosen: list[int]) -> _Rows:
+        """Prefill the waiting episodes ``chosen``: fresh prompts deduplicated, resumed ones on their cache."""
+        fresh = [i for i in chosen if episodes[i].kv is None]
+        resumed = [i for i in chosen if episodes[i].kv is not None]
+        items: list[tuple[KV | None, int, list[int]]] = []
+        order: list[int] = []  # item index of each admitted episode
+        if fresh:
+            unique: dict[tuple[int, ...], int] = {}
+            for i in fresh:
+                unique.setdefault(tuple(episodes[i].tokens), len(unique))
+            prefix, n = self._shared_prefix([list(p) for p in unique])
+            items += [(prefix, n, list(p[n:])) for p in unique]
+            order += [unique[tuple(episodes[i].tokens)] for i in fresh]
+        for i in resumed:
+            ep = episodes[i]
+            order.append(len(items))
+            items.append((ep.kv, ep.n_cached, ep.tokens[ep.n_cached :]))
+            ep.kv = None  # the running batch holds it now
+        kv, mask, next_pos, logits = self._prefill(items)
+        index = torch.tensor(order, dtype=torch.long)
+        kv = [(k.index_select(0, index), v.index_select(0, index)) for k, v in kv]
+        rows = _Rows(kv, mask.index_select(0, index), next_pos.index_select(0, index), logits.index_select(0, index),
+                     fresh + resumed, [True] * len(order))
+        for i, item in zip(rows.episodes, order):
+            cached, n, suffix = items[item]
+            self.engine.stats["row_tokens"] += len(suffix) + (n if i in fresh else 0)
+            ep = episodes[i]
+            ep.out = GenerationOutput([], [], "length")
+            ep.limit = min(self.cfg.max_new_tokens, self.cfg.max_total_tokens - len(ep.tokens))
+            if ep.limit < 1:
+                raise ValueError(f"episode {i}: {len(ep.tokens)} tokens leave no room under max_total_tokens")
+        return rows
+
+    # ------------------------------------------------------------ the schedule
+    def _sample(self, rows: _Rows, episodes: list[_Episode]) -> tuple[torch.Tensor, list[int]]:
+        """Sample every alive row's next token; return (tokens [B], rows whose turn ended)."""
+        tokens, lps = sample_tokens(rows.logits, self.cfg.temperature, self.cfg.top_p, self.gen)
+        ended = []
+        for r, (tok, lp) in enumerate(zip(tokens.tolist(), lps.tolist())):
+            if not rows.alive[r]:
+                continue
+            ep = episodes[rows.episodes[r]]
+            ep.tokens.append(tok)
+            ep.out.token_ids.append(tok)
+            ep.out.logprobs.append(lp)
+            if tok in self.engine.stop_token_ids or self.stops.hit(ep.out.token_ids):
+                ep.out.finish_reason = "stop"
+                ended.append(r)
+            elif len(ep.out.token_ids) >= ep.limit:
+                ended.append(r)
+        return tokens, ended
+
+    def _end_turns(self, rows: _Rows, ended: list[int], episodes: list[_Episode], on_turn_end: TurnEnd) -> list[int]:
+        """Keep the ended rows' caches with their episodes, ask the env, return episodes to resume."""
+        for r in ended:
+            ep = episodes[rows.episodes[r]]
+            real = rows.mask[r].nonzero().squeeze(-1)
+            ep.kv = [(k[r].index_select(1, real), v[r].index_select(1, real)) for k, v in rows.kv]
+            ep.n_cached = len(real)
+            rows.alive[r] = False
+        replies = on_turn_end([(rows.episodes[r], episodes[rows.episodes[r]].out) for r in ended])
+        resume = []
+        for r, reply in zip(ended, replies, strict=True):
+            ep = episodes[rows.episodes[r]]
+            if reply is None:
+                ep.kv = None  # done: free its cache
+            else:
+                ep.tokens += reply
+                resume.append(rows.episodes[r])
+        return resume
+
+    def _decode(self, rows: _Rows, tokens: torch.Tensor) -> _Rows:
+        """One token for every row (finished rows are compacted away first once enough are dead)."""
+        dead = rows.alive.count(False)
+        if dead >= max(1, self.engine.compact_fraction * len(rows.alive)):
+            keep = [r for r, a in enumerate(rows.alive) if a]
+            tokens = tokens.index_select(0, torch.tensor(keep, dtype=torch.long))
+            rows = _select(rows, keep)
+        mask = torch.cat([rows.mask, rows.mask.new_ones((len(rows.alive), 1))], dim=1)
+        kv, logits = self._forward(rows.kv, tokens[:, None], mask, rows.next_pos[:, None])
+        self.engine.stats["decode_tokens"] += sum(rows.alive)
+        self.engine.stats["row_tokens"] += sum(rows.alive)
+        self.engine.stats["padded_tokens"] += rows.alive.count(False)
+        return _Rows(kv, mask, rows.next_pos + 1, logits, rows.episodes, rows.alive)
+
+    def run(self, prompts: list[list[int]], on_turn_end: TurnEnd) -> None:
+        episodes = [_Episode(list(p)) for p in prompts]
+        waiting = list(range(len(episodes)))
+        rows: _Rows | None = None
+        admit_min = max(1, math.ceil(ADMIT_FRACTION * self.cfg.slots))
+        while waiting or (rows is not None and any(rows.alive)):
+            n_alive = sum(rows.alive) if rows is not None else 0
+            free = self.cfg.slots - n_alive
+            if waiting and (n_alive == 0 or min(free, len(waiting)) >= admit_min):
+                chosen, waiting = waiting[:free], waiting[free:]
+                live = [r for r, a in enumerate(rows.alive) if a] if rows is not None else []
+                new = self._admit(episodes, chosen)
+                rows = _merge([_select(rows, live), new]) if live else new
+            tokens, ended = self._sample(rows, episodes)
+            if ended:
+                waiting += self._end_turns(rows, ended, episodes, on_turn_end)
+            if any(rows.alive):
+                rows = self._decode(rows, tokens)
