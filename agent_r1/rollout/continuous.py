@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+from transformers import DynamicCache
 
 from agent_r1.rollout.engine import GenerationOutput, StopChecker, TurnEnd, TurnSettings, sample_tokens
 
@@ -44,11 +45,24 @@ class _Episode:
     limit: int = 0  # tokens this turn may generate
 
 
+def _cache(kv: KV, config) -> DynamicCache:
+    """A transformers cache holding ``kv`` (per layer [B, kv_heads, W, head_dim]) as they are, uncopied."""
+    cache = DynamicCache(config=config)
+    for layer, (k, v) in zip(cache.layers, kv, strict=True):
+        layer.lazy_initialization(k, v)
+        layer.keys, layer.values = k, v
+    return cache
+
+
+def _kv(cache: DynamicCache) -> KV:
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
 @dataclass
 class _Rows:
     """Running rows: their KV cache, attention mask [B, W], next positions [B] and episodes."""
 
-    kv: KV  # per layer [B, kv_heads, W, head_dim]
+    cache: DynamicCache  # kept across decoding steps: rebuilding it would copy it every token
     mask: torch.Tensor
     next_pos: torch.Tensor
     logits: torch.Tensor  # [B, V] float32: each row's next-token distribution
@@ -70,20 +84,16 @@ def _pad_left(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
     return torch.cat([x.new_zeros(shape), x], dim=dim)
 
 
-def _merge(parts: list[_Rows]) -> _Rows:
+def _merge(parts: list[_Rows], config) -> _Rows:
     """One batch of all parts' rows, each left-padded to the widest."""
-    if len(parts) == 1:
-        return parts[0]
     width = max(p.mask.shape[1] for p in parts)
+    layers = zip(*(_kv(p.cache) for p in parts))
     kv = [
-        (
-            torch.cat([_pad_left(p.kv[layer][0], width, 2) for p in parts]),
-            torch.cat([_pad_left(p.kv[layer][1], width, 2) for p in parts]),
-        )
-        for layer in range(len(parts[0].kv))
+        (torch.cat([_pad_left(k, width, 2) for k, _ in part]), torch.cat([_pad_left(v, width, 2) for _, v in part]))
+        for part in layers
     ]
     return _Rows(
-        kv,
+        _cache(kv, config),
         torch.cat([_pad_left(p.mask, width, 1) for p in parts]),
         torch.cat([p.next_pos for p in parts]),
         torch.cat([p.logits for p in parts]),
@@ -94,12 +104,14 @@ def _merge(parts: list[_Rows]) -> _Rows:
 
 def _select(rows: _Rows, keep: list[int]) -> _Rows:
     """Only rows ``keep``, with the leading columns that are padding in every kept row cut off."""
-    index = torch.tensor(keep, dtype=torch.long)
+    index = torch.tensor(keep, dtype=torch.long, device=rows.mask.device)
     mask = rows.mask.index_select(0, index)
     first = int(mask.any(0).long().argmax()) if mask.numel() else 0
-    kv = [(k.index_select(0, index)[:, :, first:], v.index_select(0, index)[:, :, first:]) for k, v in rows.kv]
+    for layer in rows.cache.layers:
+        layer.keys = layer.keys.index_select(0, index)[:, :, first:]
+        layer.values = layer.values.index_select(0, index)[:, :, first:]
     return _Rows(
-        kv, mask[:, first:], rows.next_pos.index_select(0, index), rows.logits.index_select(0, index),
+        rows.cache, mask[:, first:], rows.next_pos.index_select(0, index), rows.logits.index_select(0, index),
         [rows.episodes[r] for r in keep], [rows.alive[r] for r in keep],
     )
 
@@ -112,16 +124,11 @@ class ContinuousBatcher:
         self.stops = StopChecker(engine.tokenizer, stop_strings)
 
     # ------------------------------------------------------------ forwards
-    def _forward(self, kv: KV, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> tuple[KV, torch.Tensor]:
-        """Feed ``ids`` [B, S] on top of cache ``kv`` (mask covers cache + ids); return (new cache, last logits)."""
-        from transformers import DynamicCache
-
-        config = self.engine.model.config
-        cache = DynamicCache(ddp_cache_data=kv, config=config) if kv else DynamicCache(config=config)
-        logits = self.engine._last_logits(
+    def _forward(self, cache: DynamicCache, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Feed ``ids`` [B, S] on top of ``cache`` (grown in place; mask covers cache + ids); the last logits."""
+        return self.engine._last_logits(
             input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True
         )
-        return [(layer.keys, layer.values) for layer in cache.layers], logits
 
     def _shared_prefix(self, prompts: list[list[int]]) -> tuple[KV | None, int]:
         """The KV of the prompts' common prefix, computed once (at least one token of each is left)."""
@@ -131,12 +138,15 @@ class ContinuousBatcher:
             n += 1
         if n < max(1, self.engine.min_shared_prefix):
             return None, 0
-        ids = torch.tensor([first[:n]])
-        kv, _ = self._forward([], ids, torch.ones_like(ids), torch.arange(n)[None])
+        ids = torch.tensor([first[:n]], device=self.engine.device)
+        cache = DynamicCache(config=self.engine.model.config)
+        self._forward(cache, ids, torch.ones_like(ids), torch.arange(n, device=ids.device)[None])
         self.engine.stats["prefill_tokens"] += n
-        return [(k[0], v[0]) for k, v in kv], n
+        return [(k[0], v[0]) for k, v in _kv(cache)], n
 
-    def _prefill(self, items: list[tuple[KV | None, int, list[int]]]) -> tuple[KV, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _prefill(
+        self, items: list[tuple[KV | None, int, list[int]]]
+    ) -> tuple[DynamicCache, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Rows of (cached KV, its length, new ids): each row laid out as [pad | cache][pad | new ids].
 
         Returns the merged cache, mask, next positions and last-position logits.
@@ -153,6 +163,7 @@ class ContinuousBatcher:
             mask[r, width_c + width_s - len(suffix) :] = 1
             ids[r, width_s - len(suffix) :] = torch.tensor(suffix)
             pos[r, width_s - len(suffix) :] = torch.arange(n, n + len(suffix))
+        mask, ids, pos = (t.to(self.engine.device) for t in (mask, ids, pos))
         if width_c:
             layers = next(c for c, _, _ in items if c is not None)
             for layer in range(len(layers)):
@@ -161,8 +172,10 @@ class ContinuousBatcher:
                 kv.append((k, v))
         self.engine.stats["prefill_tokens"] += sum(len(s) for _, _, s in items)
         self.engine.stats["padded_tokens"] += B * width_s - sum(len(s) for _, _, s in items)
-        kv, logits = self._forward(kv, ids, mask, pos)
-        return kv, mask, torch.tensor([n + len(s) for _, n, s in items]), logits
+        config = self.engine.model.config
+        cache = _cache(kv, config) if kv else DynamicCache(config=config)
+        logits = self._forward(cache, ids, mask, pos)
+        return cache, mask, torch.tensor([n + len(s) for _, n, s in items], device=mask.device), logits
 
     def _admit(self, episodes: list[_Episode], chosen: list[int]) -> _Rows:
         """Prefill the waiting episodes ``chosen``: fresh prompts deduplicated, resumed ones on their cache."""
@@ -182,10 +195,11 @@ class ContinuousBatcher:
             order.append(len(items))
             items.append((ep.kv, ep.n_cached, ep.tokens[ep.n_cached :]))
             ep.kv = None  # the running batch holds it now
-        kv, mask, next_pos, logits = self._prefill(items)
-        index = torch.tensor(order, dtype=torch.long)
-        kv = [(k.index_select(0, index), v.index_select(0, index)) for k, v in kv]
-        rows = _Rows(kv, mask.index_select(0, index), next_pos.index_select(0, index), logits.index_select(0, index),
+        cache, mask, next_pos, logits = self._prefill(items)
+        index = torch.tensor(order, dtype=torch.long, device=mask.device)
+        if order != list(range(len(items))):  # duplicated prompts: one cache row per episode
+            cache.batch_select_indices(index)
+        rows = _Rows(cache, mask.index_select(0, index), next_pos.index_select(0, index), logits.index_select(0, index),
                      fresh + resumed, [True] * len(order))
         for i, item in zip(rows.episodes, order):
             cached, n, suffix = items[item]
@@ -221,7 +235,7 @@ class ContinuousBatcher:
         for r in ended:
             ep = episodes[rows.episodes[r]]
             real = rows.mask[r].nonzero().squeeze(-1)
-            ep.kv = [(k[r].index_select(1, real), v[r].index_select(1, real)) for k, v in rows.kv]
+            ep.kv = [(k[r].index_select(1, real), v[r].index_select(1, real)) for k, v in _kv(rows.cache)]
             ep.n_cached = len(real)
             rows.alive[r] = False
         replies = on_turn_end([(rows.episodes[r], episodes[rows.episodes[r]].out) for r in ended])
@@ -240,14 +254,14 @@ class ContinuousBatcher:
         dead = rows.alive.count(False)
         if dead >= max(1, self.engine.compact_fraction * len(rows.alive)):
             keep = [r for r, a in enumerate(rows.alive) if a]
-            tokens = tokens.index_select(0, torch.tensor(keep, dtype=torch.long))
+            tokens = tokens.index_select(0, torch.tensor(keep, dtype=torch.long, device=tokens.device))
             rows = _select(rows, keep)
         mask = torch.cat([rows.mask, rows.mask.new_ones((len(rows.alive), 1))], dim=1)
-        kv, logits = self._forward(rows.kv, tokens[:, None], mask, rows.next_pos[:, None])
+        logits = self._forward(rows.cache, tokens[:, None], mask, rows.next_pos[:, None])
         self.engine.stats["decode_tokens"] += sum(rows.alive)
         self.engine.stats["row_tokens"] += sum(rows.alive)
         self.engine.stats["padded_tokens"] += rows.alive.count(False)
-        return _Rows(kv, mask, rows.next_pos + 1, logits, rows.episodes, rows.alive)
+        return _Rows(rows.cache, mask, rows.next_pos + 1, logits, rows.episodes, rows.alive)
 
     def run(self, prompts: list[list[int]], on_turn_end: TurnEnd) -> None:
         episodes = [_Episode(list(p)) for p in prompts]
@@ -261,7 +275,7 @@ class ContinuousBatcher:
                 chosen, waiting = waiting[:free], waiting[free:]
                 live = [r for r, a in enumerate(rows.alive) if a] if rows is not None else []
                 new = self._admit(episodes, chosen)
-                rows = _merge([_select(rows, live), new]) if live else new
+                rows = _merge([_select(rows, live), new], self.engine.model.config) if live else new
             tokens, ended = self._sample(rows, episodes)
             if ended:
                 waiting += self._end_turns(rows, ended, episodes, on_turn_end)
