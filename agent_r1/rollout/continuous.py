@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from agent_r1.rollout.engine import GenerationOutput, StopChecker, TurnEnd, TurnSettings, sample_tokens
 
@@ -45,10 +46,37 @@ class _Episode:
     limit: int = 0  # tokens this turn may generate
 
 
+class _GrowingLayer(DynamicLayer):
+    """A cache layer with spare room at the end: a decoding step writes its token into it.
+
+    transformers' layer concatenates on every update, i.e. copies the whole
+    cache for every token generated, which cost about as much as the step's
+    forward pass. ``keys``/``values`` stay views of the buffer, so everything
+    that reads them works unchanged; when they are replaced from outside (rows
+    dropped), the next update moves them into a new buffer.
+    """
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n, s = (self.keys.shape[-2] if self.keys.numel() else 0), key_states.shape[-2]
+        buf = getattr(self, "buffer", None)
+        if buf is None or buf[0].shape[-2] < n + s or self.keys.data_ptr() != buf[0].data_ptr():
+            shape = (*key_states.shape[:2], n + s + max(64, n // 4), key_states.shape[-1])
+            buf = self.buffer = (key_states.new_empty(shape), value_states.new_empty(shape))
+            if n:
+                buf[0][:, :, :n], buf[1][:, :, :n] = self.keys, self.values
+        buf[0][:, :, n : n + s], buf[1][:, :, n : n + s] = key_states, value_states
+        self.keys, self.values = buf[0][:, :, : n + s], buf[1][:, :, : n + s]
+        return self.keys, self.values
+
+
 def _cache(kv: KV, config) -> DynamicCache:
-    """A transformers cache holding ``kv`` (per layer [B, kv_heads, W, head_dim]) as they are, uncopied."""
+    """A cache of growing layers holding ``kv`` (per layer [B, kv_heads, W, head_dim]), empty when ``kv`` is."""
     cache = DynamicCache(config=config)
-    for layer, (k, v) in zip(cache.layers, kv, strict=True):
+    if all(type(layer) is DynamicLayer for layer in cache.layers):  # sliding-window layers keep their own
+        cache.layers = [_GrowingLayer() for _ in cache.layers]
+    for layer, (k, v) in zip(cache.layers, kv):
         layer.lazy_initialization(k, v)
         layer.keys, layer.values = k, v
     return cache
@@ -139,7 +167,7 @@ class ContinuousBatcher:
         if n < max(1, self.engine.min_shared_prefix):
             return None, 0
         ids = torch.tensor([first[:n]], device=self.engine.device)
-        cache = DynamicCache(config=self.engine.model.config)
+        cache = _cache([], self.engine.model.config)
         self._forward(cache, ids, torch.ones_like(ids), torch.arange(n, device=ids.device)[None])
         self.engine.stats["prefill_tokens"] += n
         return [(k[0], v[0]) for k, v in _kv(cache)], n
@@ -173,7 +201,7 @@ class ContinuousBatcher:
         self.engine.stats["prefill_tokens"] += sum(len(s) for _, _, s in items)
         self.engine.stats["padded_tokens"] += B * width_s - sum(len(s) for _, _, s in items)
         config = self.engine.model.config
-        cache = _cache(kv, config) if kv else DynamicCache(config=config)
+        cache = _cache(kv, config)
         logits = self._forward(cache, ids, mask, pos)
         return cache, mask, torch.tensor([n + len(s) for _, n, s in items], device=mask.device), logits
 
