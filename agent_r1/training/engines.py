@@ -151,7 +151,11 @@ def make_engine(model: nn.Module, cfg: TrainConfig, lr: float) -> deepspeed.Deep
     model = _as_engine_module(model)
     if cfg.pack and isinstance(model, LogprobModel):  # the actor's updates run packed (trainer.update_actor)
         use_packed_attention(model.lm)
-    optimizer = torch.optim.AdamW(optimizer_groups(model, cfg.weight_decay), lr=lr, betas=(0.9, 0.999), eps=1e-8)
+    # fused: one pass over the flat fp32 partition; the per-tensor loop makes two temporaries
+    # of the model's size (the sqrt and its scaling), 1 GB at the step's memory peak for 135M
+    optimizer = torch.optim.AdamW(
+        optimizer_groups(model, cfg.weight_decay), lr=lr, betas=(0.9, 0.999), eps=1e-8, fused=True
+    )
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(cfg, lr, world_size=world, model=model))
     return engine
 
