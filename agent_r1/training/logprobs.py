@@ -45,9 +45,11 @@ def _packed_attention(
     if bounds is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     kwargs["is_causal"] = True
+    sizes = [e - s for s, e in zip(bounds[:-1], bounds[1:])]
+    # split, not slices: a slice's backward zero-fills the whole tensor once per row
     outs = [
-        sdpa_attention_forward(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None, **kwargs)[0]
-        for s, e in zip(bounds[:-1], bounds[1:])
+        sdpa_attention_forward(module, q, k, v, None, **kwargs)[0]
+        for q, k, v in zip(query.split(sizes, dim=2), key.split(sizes, dim=2), value.split(sizes, dim=2))
     ]
     return torch.cat(outs, dim=1), None  # [1, T, heads, head_dim]
 
