@@ -381,6 +381,9 @@ class TrainConfig(_Strict):
     ppo_epochs: int = Field(1, ge=1)
     mini_batch_size: int = Field(16, ge=1, description="trajectories per optimizer step")
     micro_batch_tokens: int = Field(4096, ge=64, description="token budget of one forward/backward")
+    pack: bool = Field(
+        True, description="actor updates on packed micro-batches (rows concatenated, attention per row): no padding"
+    )
     actor_lr: float = Field(5e-6, gt=0.0)
     critic_lr: float = Field(1e-5, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)

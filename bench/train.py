@@ -24,6 +24,10 @@ chunked log-probs cost and buy.
    the loss-mask positions), and the FLOPs each method executes (padding of
    its micro-batches, our checkpointed head chunks recomputed in the backward,
    the backbone recomputed under ``train.gradient_checkpointing``).
+   A third column runs ours on the padded micro-batches that packing replaced
+   (``train.pack: false``, same budget): "packed vs padded" is its update
+   time over the packed one's; "padding share" is the padded positions
+   computed over the real tokens.
 3. Peak memory of one update (``ru_maxrss`` of a fresh subprocess, plus the
    update's own peak above the loaded model: VmHWM reset just before it) at
    ``--mem-batches`` trajectories: ours vs plain torch over the full batch at
@@ -164,11 +168,17 @@ def batch_stats(batch: Any) -> dict:
     }  # fmt: skip
 
 
-def plan_stats(lengths: list[int], groups: list[list[int]]) -> dict:
-    """What the forwards actually run on: each micro-batch is padded to its longest row."""
-    widths = [max(lengths[i] for i in g) for g in groups]
-    return {"micro_batches": len(groups), "computed_tokens": sum(len(g) * w for g, w in zip(groups, widths)),
-            "computed_len_sq": sum(len(g) * w * w for g, w in zip(groups, widths))}  # fmt: skip
+def plan_stats(lengths: list[int], groups: list[list[int]], packed: bool = False) -> dict:
+    """What the forwards actually run on: each micro-batch padded to its longest row, or packed
+    (its rows back to back, attention per row: no padding, each row's own length squared)."""
+    if packed:
+        computed, len_sq = sum(lengths), sum(n * n for n in lengths)
+    else:
+        widths = [max(lengths[i] for i in g) for g in groups]
+        computed = sum(len(g) * w for g, w in zip(groups, widths))
+        len_sq = sum(len(g) * w * w for g, w in zip(groups, widths))
+    return {"micro_batches": len(groups), "computed_tokens": computed, "computed_len_sq": len_sq,
+            "padding_share": computed / max(sum(lengths), 1) - 1}  # fmt: skip
 
 
 def head_scores_loss_tokens_only() -> bool:
@@ -214,9 +224,10 @@ def _memory_fields(rss_before: int | None, reset: bool) -> dict:
 
 
 def update_params(spec: dict, rows: int) -> Any:
-    """The actor-only update config: one on-policy mini-batch of ``rows`` trajectories."""
+    """The actor-only update config: one on-policy mini-batch of ``rows`` trajectories
+    (``spec['train']``: further ``train`` overrides, e.g. the padded path's ``pack: false``)."""
     over = {"algorithm": {"name": "grpo", "kl_coef": 0.0, "entropy_coef": 0.0},
-            "train": {"mini_batch_size": rows, "ppo_epochs": 1}}  # fmt: skip
+            "train": {"mini_batch_size": rows, "ppo_epochs": 1, **spec.get("train", {})}}  # fmt: skip
     return bench_params({**spec, "overrides": over})
 
 
@@ -328,14 +339,16 @@ def worker_update(spec: dict) -> dict:
     out: dict[str, Any] = {"method": spec["method"], "shape": shape, "batch": batch_stats(batch),
                            "threads": torch.get_num_threads(),
                            "gradient_checkpointing": params.train.gradient_checkpointing,
-                           "bf16": params.train.bf16, "micro_batch_tokens": params.train.micro_batch_tokens}  # fmt: skip
+                           "bf16": params.train.bf16, "micro_batch_tokens": params.train.micro_batch_tokens,
+                           "pack": spec["method"] == "ours" and params.train.pack}  # fmt: skip
     lengths = batch.attention_mask.sum(-1).tolist()
     _, mask = advantages_and_mask(params, batch)
     out["batch"]["loss_tokens"] = int(mask[:, 1:].sum())  # positions the loss reads (column 0 never)
     if spec["method"] == "ours":
         from agent_r1.training.logprobs import micro_batches
 
-        out["plan"] = plan_stats(lengths, micro_batches(lengths, params.train.micro_batch_tokens))
+        packed = params.train.pack
+        out["plan"] = plan_stats(lengths, micro_batches(lengths, params.train.micro_batch_tokens, packed), packed)
         out["head_on_loss_tokens_only"] = head_scores_loss_tokens_only()
     else:
         out["micro_rows"] = micro = spec.get("micro_rows") or rows
@@ -535,15 +548,19 @@ def format_ceiling(c: dict) -> str:
             f"fp32 {c['float32']['best_gflops']:8.1f} GFLOP/s best ({c['float32']['median_gflops']:.1f} median)")  # fmt: skip
 
 
+THROUGHPUT_COLUMNS = (("ours", "ours (packed)"), ("ours_padded", "ours, padded"), ("naive", "plain torch"))
+
+
 def format_throughput(t: dict) -> str:
-    ours, naive = t["ours"], t["naive"]
-    ref = ours if "batch" in ours else naive
-    if "batch" not in ref:
-        return f"\n== update throughput ==\nours: {ours}\nplain torch: {naive}"
+    """The update table: ours (the default, packed), ours on the padded path it replaced, plain torch."""
+    cols = [(label, t[key]) for key, label in THROUGHPUT_COLUMNS if key in t]
+    ref = next((r for _, r in cols if "batch" in r), None)
+    if ref is None:
+        return "\n== update throughput ==\n" + "\n".join(f"{label}: {r}" for label, r in cols)
     b = ref["batch"]
     lines = [f"\n== one actor update: {b['rows']} trajectories, {b['tokens']:,} tokens "
              f"({b['loss_tokens'] / b['tokens']:.1%} under the loss mask), longest {b['padded_width']} ==",
-             f"{'':30s}{'ours (DeepSpeed)':>20s}{'plain torch':>14s}"]  # fmt: skip
+             f"{'':30s}" + "".join(f"{label:>17s}" for label, _ in cols)]  # fmt: skip
 
     def cell(r: dict, key: str, spec: str) -> str:
         if "killed_above_mib" in r:
@@ -551,6 +568,7 @@ def format_throughput(t: dict) -> str:
         return "failed" if "error" in r else fmt(r.get(key), spec)
 
     rows = [("micro-batches", "mb", ""), ("tokens computed (w/ padding)", "computed", ","),
+            ("padding share", "padding_share", ".1%"),
             ("update s (median)", "update_s", ".1f"), ("  of which optimizer step s", "optimizer_step_s", ".1f"),
             ("warm-up update s", "warmup_s", ".1f"), ("tokens/s", "tokens_per_s", ".1f"),
             ("GFLOP/s, 6N+attn per token", "palm_gflops", ".1f"), ("MFU vs bf16 matmul", "mfu_vs_bf16", ".1%"),
@@ -558,14 +576,17 @@ def format_throughput(t: dict) -> str:
             ("  vs bf16 matmul", "needed_vs_bf16", ".1%"), ("executed GFLOP/s", "executed_gflops", ".1f"),
             ("  vs bf16 matmul", "executed_vs_bf16", ".1%"), ("ru_maxrss MiB", "ru_maxrss_mib", "")]  # fmt: skip
     plan = lambda r: r.get("plan") or {}  # noqa: E731
-    ours = {**ours, "mb": f"{plan(ours).get('micro_batches')} (budget {ours.get('micro_batch_tokens')})",
-            "computed": plan(ours).get("computed_tokens")}  # fmt: skip
-    naive = {**naive, "mb": f"{plan(naive).get('micro_batches')} ({naive.get('micro_rows')} rows)",
-             "computed": plan(naive).get("computed_tokens")}  # fmt: skip
+    shown = []
+    for _, r in cols:
+        size = f"budget {r.get('micro_batch_tokens')}" if r.get("method") == "ours" else f"{r.get('micro_rows')} rows"
+        shown.append({**r, "mb": f"{plan(r).get('micro_batches')} ({size})", "computed": plan(r).get("computed_tokens"),
+                      "padding_share": plan(r).get("padding_share")})  # fmt: skip
     for label, key, spec in rows:
-        lines.append(f"{label:30s}{cell(ours, key, spec):>20s}{cell(naive, key, spec):>14s}")
-    if t.get("speedup_tokens_per_s"):
-        lines.append(f"{'speed-up (tokens/s)':30s}{t['speedup_tokens_per_s']:>19.2f}x")
+        lines.append(f"{label:30s}" + "".join(f"{cell(r, key, spec):>17s}" for r in shown))
+    for key, label in (("speedup_tokens_per_s", "ours vs plain torch (tokens/s)"),
+                       ("packed_vs_padded", "packed vs padded (update s)")):  # fmt: skip
+        if t.get(key):
+            lines.append(f"{label:34s}{t[key]:>13.2f}x")
     return "\n".join(lines)
 
 
@@ -689,10 +710,14 @@ def main(argv: list[str] | None = None) -> int:
                  "micro-batches of %d rows", args.rows, args.min_len, args.max_len, args.warmup_rows, args.reps,
                  args.naive_micro_rows)
         ours, naive = ours_and_naive(spec, args.naive_micro_rows, cap_kib)
+        padded = run_worker("update", {**spec, "method": "ours", "train": {"pack": False}}, cap_kib=cap_kib)
         t["ours"], t["naive"] = throughput_row(ours, ceiling), throughput_row(naive, ceiling)
+        t["ours_padded"] = throughput_row(padded, ceiling)
         if "tokens_per_s" in t["ours"] and "tokens_per_s" in t["naive"]:
             t["speedup_tokens_per_s"] = t["ours"]["tokens_per_s"] / t["naive"]["tokens_per_s"]
-        failed |= any("error" in t[k] for k in ("ours", "naive"))
+        if "update_s" in t["ours"] and "update_s" in t["ours_padded"]:
+            t["packed_vs_padded"] = t["ours_padded"]["update_s"] / t["ours"]["update_s"]
+        failed |= any("error" in t[k] for k in ("ours", "ours_padded", "naive"))
         result["throughput"] = t
         print(format_throughput(t), flush=True)
         write_json(args.out, result)

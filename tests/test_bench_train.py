@@ -58,8 +58,12 @@ def test_update_worker_measures_throughput_and_memory(tiny_model: Path, method: 
     assert r["shape"]["tied_head"] and r["shape"]["n_matmul"] == r["shape"]["n_params"]
     mem = bench.worker_update(spec_for(tiny_model, method, "memory"))
     assert mem["ru_maxrss_mib"] > 0 and mem["update_s"] > 0
-    table = bench.format_throughput({"ours": r, "naive": r, "speedup_tokens_per_s": 1.0})
-    assert "tokens/s" in table and "MFU vs bf16" in table
+    assert r["plan"]["padding_share"] == (0.0 if method == "ours" else pytest.approx(
+        r["plan"]["computed_tokens"] / r["batch"]["tokens"] - 1))  # ours packs by default: no padding
+    table = bench.format_throughput({"ours": r, "ours_padded": r, "naive": r, "speedup_tokens_per_s": 1.0,
+                                     "packed_vs_padded": 1.2})
+    assert "tokens/s" in table and "MFU vs bf16" in table and "padding share" in table
+    assert "packed vs padded (update s)" in table and "ours, padded" in table
     assert "ratio" in bench.format_memory([{"rows": 4, "ours": mem, "naive": {"killed_above_mib": 10}}])
 
 

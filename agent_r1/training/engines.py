@@ -35,14 +35,39 @@ from agent_r1.training.distributed import init_distributed, select_accelerator
 select_accelerator()  # before deepspeed is imported (it picks the accelerator on import)
 import deepspeed  # noqa: E402
 
-from agent_r1.training.logprobs import LogprobModel, unwrap_engine  # noqa: E402
+from agent_r1.training.logprobs import LogprobModel, unwrap_engine, use_packed_attention  # noqa: E402
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ds_config", "make_engine", "make_reference", "init_distributed", "unwrap", "optimizer_groups"]
+__all__ = ["bucket_elements", "ds_config", "make_engine", "make_reference", "init_distributed", "unwrap", "optimizer_groups"]
 
 
-def ds_config(cfg: TrainConfig, lr: float, *, world_size: int = 1, train: bool = True) -> dict[str, Any]:
+# DeepSpeed's default ZeRO bucket sizes (elements); ours are never larger.
+DEFAULT_BUCKET = 500_000_000
+DEFAULT_PREFETCH_BUCKET = 50_000_000
+BUCKET_ALIGN = 1 << 20  # DeepSpeed wants allgather buckets a multiple of its NCCL alignment factor
+
+
+def bucket_elements(n_params: int | None, largest_param: int | None = None) -> int:
+    """ZeRO's reduce / all-gather bucket size for a model of ``n_params`` parameters.
+
+    Why: DeepSpeed's default is 5e8 elements whatever the model, and ZeRO-2
+    allocates its gradient staging buffer (``contiguous_gradients``) at that
+    size on every micro-batch: 2 GB of fp32 for a model a tenth as large. A
+    quarter of the model (at least its largest tensor, so no parameter is
+    split) keeps the number of reductions per backward small (4-5) while the
+    buffer stays a fraction of the gradients' own size. Rounded up to
+    :data:`BUCKET_ALIGN`; never above DeepSpeed's default. ``None``: the default.
+    """
+    if not n_params:
+        return DEFAULT_BUCKET
+    size = max(-(-n_params // 4), largest_param or 0, 1)
+    return min(DEFAULT_BUCKET, -(-size // BUCKET_ALIGN) * BUCKET_ALIGN)
+
+
+def ds_config(
+    cfg: TrainConfig, lr: float, *, world_size: int = 1, train: bool = True, model: nn.Module | None = None
+) -> dict[str, Any]:
     """The DeepSpeed config for one engine.
 
     ``train_batch_size`` is nominal (one sample per rank): it only feeds
@@ -51,12 +76,19 @@ def ds_config(cfg: TrainConfig, lr: float, *, world_size: int = 1, train: bool =
     torch AdamW is passed to ``deepspeed.initialize`` instead, which needs no
     compiled op. ``warmup_steps > 0`` adds a linear WarmupLR to ``lr``; else the
     rate is constant. ``train=False`` gives an inference-only config (reference).
+    ``model``: size ZeRO's buckets to it (:func:`bucket_elements`); without
+    it DeepSpeed's defaults apply.
     """
+    sizes = [p.numel() for p in model.parameters()] if model is not None else []
+    bucket = bucket_elements(sum(sizes), max(sizes, default=0))
     config: dict[str, Any] = {
         "train_batch_size": world_size,
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
-        "zero_optimization": {"stage": cfg.zero_stage},
+        "zero_optimization": {
+            "stage": cfg.zero_stage, "reduce_bucket_size": bucket, "allgather_bucket_size": bucket,
+            "stage3_prefetch_bucket_size": min(bucket, DEFAULT_PREFETCH_BUCKET),
+        },
         "bf16": {"enabled": cfg.bf16},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
@@ -66,7 +98,7 @@ def ds_config(cfg: TrainConfig, lr: float, *, world_size: int = 1, train: bool =
         # partition nothing (and DeepSpeed refuses them without an optimizer); ZeRO-3 still
         # shards its weights.
         if cfg.zero_stage < 3:
-            config["zero_optimization"] = {"stage": 0}
+            config["zero_optimization"] = {"stage": 0, "reduce_bucket_size": bucket, "allgather_bucket_size": bucket}
         return config
     config["managed_gradient_accumulation"] = False
     config["gradient_clipping"] = cfg.grad_clip
@@ -112,11 +144,19 @@ def make_engine(model: nn.Module, cfg: TrainConfig, lr: float) -> deepspeed.Deep
     ``engine.backward(weighted_loss)`` for each micro-batch, then one
     ``engine.step()``. Always run forwards through the engine (never
     ``engine.module``): DeepSpeed's accumulation bookkeeping lives there.
+    ``cfg.pack``: the LM's attention takes packed rows too (see
+    :func:`~agent_r1.training.logprobs.use_packed_attention`).
     """
     _, world = init_distributed()
     model = _as_engine_module(model)
-    optimizer = torch.optim.AdamW(optimizer_groups(model, cfg.weight_decay), lr=lr, betas=(0.9, 0.999), eps=1e-8)
-    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(cfg, lr, world_size=world))
+    if cfg.pack and isinstance(model, LogprobModel):  # the actor's updates run packed (trainer.update_actor)
+        use_packed_attention(model.lm)
+    # fused: one pass over the flat fp32 partition; the per-tensor loop makes two temporaries
+    # of the model's size (the sqrt and its scaling), 1 GB at the step's memory peak for 135M
+    optimizer = torch.optim.AdamW(
+        optimizer_groups(model, cfg.weight_decay), lr=lr, betas=(0.9, 0.999), eps=1e-8, fused=True
+    )
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(cfg, lr, world_size=world, model=model))
     return engine
 
 
@@ -130,7 +170,7 @@ def make_reference(model: nn.Module, cfg: TrainConfig) -> deepspeed.DeepSpeedEng
     _, world = init_distributed()
     model = _as_engine_module(model)
     model.requires_grad_(False)
-    engine, *_ = deepspeed.initialize(model=model, config=ds_config(cfg, 0.0, world_size=world, train=False))
+    engine, *_ = deepspeed.initialize(model=model, config=ds_config(cfg, 0.0, world_size=world, train=False, model=model))
     engine.eval()
     return engine
 

@@ -7,6 +7,11 @@ log-softmax run over chunks of at most ``chunk_tokens`` positions. With
 gradients on, each chunk is wrapped in activation checkpointing, so only the
 hidden states are kept for the backward and each chunk's logits are rebuilt
 there one at a time. Padding positions are skipped entirely.
+
+Packed micro-batches (:func:`packed_token_logprobs`): the rows' real tokens
+are concatenated into one row, positions restart at 0 for each, and
+attention runs per row (:data:`PACKED_ATTENTION`), so no padding position is
+computed and the result equals the padded computation's.
 """
 
 from __future__ import annotations
@@ -19,19 +24,71 @@ from agent_r1.training.distributed import select_accelerator
 
 select_accelerator()
 import deepspeed  # noqa: E402
+from transformers import AttentionInterface  # noqa: E402
+from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask  # noqa: E402
+
+PACKED_ATTENTION = "agent_r1_packed"
 
 
-def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
-    """Group row indices so that ``max length in group × group size <= token_budget``.
+def _packed_attention(
+    module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    attention_mask: torch.Tensor | None, **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """SDPA per packed row when ``packed_bounds`` (row start offsets, then the total) is given; plain SDPA otherwise.
 
-    Rows are sorted by length (longest first, ties by index) so that rows of
-    similar length share a micro-batch and little padding is computed; a row
-    longer than the budget gets a micro-batch of its own. Deterministic.
+    Why per row: one causal SDPA with a block-diagonal mask over a packed row
+    of T tokens costs T^2 attention, about as much as the rest of a 135M model
+    at T = 4096; per row it is the sum of the rows' own squares, as unpacked.
+    """
+    bounds = kwargs.pop("packed_bounds", None)
+    if bounds is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    kwargs["is_causal"] = True
+    sizes = [e - s for s, e in zip(bounds[:-1], bounds[1:])]
+    # split, not slices: a slice's backward zero-fills the whole tensor once per row
+    outs = [
+        sdpa_attention_forward(module, q, k, v, None, **kwargs)[0]
+        for q, k, v in zip(query.split(sizes, dim=2), key.split(sizes, dim=2), value.split(sizes, dim=2))
+    ]
+    return torch.cat(outs, dim=1), None  # [1, T, heads, head_dim]
+
+
+AttentionInterface.register(PACKED_ATTENTION, _packed_attention)
+AttentionMaskInterface.register(PACKED_ATTENTION, sdpa_mask)  # unpacked calls get SDPA's own masks
+
+
+def use_packed_attention(lm: nn.Module) -> None:
+    """Let ``lm`` run packed micro-batches; without ``packed_bounds`` its attention is SDPA as before."""
+    if lm.config._attn_implementation not in ("sdpa", PACKED_ATTENTION):
+        raise ValueError(f"packed updates need SDPA attention, the model uses {lm.config._attn_implementation!r}")
+    lm.config._attn_implementation = PACKED_ATTENTION
+
+
+def micro_batches(lengths: list[int], token_budget: int, packed: bool = False) -> list[list[int]]:
+    """Group row indices so that each group's computed tokens fit ``token_budget``.
+
+    Padded (``packed=False``): ``max length in group × group size <= budget``;
+    rows are sorted by length (longest first, ties by index) so that rows of
+    similar length share a micro-batch and little padding is computed.
+    Packed: ``sum of lengths <= budget``, first-fit over the same order.
+    A row longer than the budget gets a micro-batch of its own. Deterministic.
     """
     if token_budget < 1:
         raise ValueError(f"token_budget must be >= 1, got {token_budget}")
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     groups: list[list[int]] = []
+    if packed:
+        room: list[int] = []
+        for i in order:
+            fit = next((g for g, r in enumerate(room) if lengths[i] <= r), None)
+            if fit is None:
+                groups.append([i])
+                room.append(token_budget - lengths[i])
+            else:
+                groups[fit].append(i)
+                room[fit] -= lengths[i]
+        return groups
     for i in order:
         # rows arrive longest first, so a group's max length is its first row's
         if groups and lengths[groups[-1][0]] * (len(groups[-1]) + 1) <= token_budget:
@@ -39,6 +96,13 @@ def micro_batches(lengths: list[int], token_budget: int) -> list[list[int]]:
         else:
             groups.append([i])
     return groups
+
+
+def computed_positions(lengths: list[int], groups: list[list[int]], packed: bool = False) -> int:
+    """Positions the forwards compute over ``groups``: padded to each group's longest row, or packed (no padding)."""
+    if packed:
+        return sum(lengths[i] for g in groups for i in g)
+    return sum(len(g) * max(lengths[i] for i in g) for g in groups if g)
 
 
 def partitioned(model: nn.Module) -> bool:
@@ -140,6 +204,7 @@ class LogprobModel(nn.Module):
         return_entropy: bool = False,
         chunk_tokens: int = 1024,
         score_mask: torch.Tensor | None = None,
+        packed_lengths: list[int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(logprobs, entropy)``, both ``[B, T]`` float32 (entropy zeros unless asked for).
 
@@ -147,12 +212,19 @@ class LogprobModel(nn.Module):
         (0 elsewhere). Why: the LM head over 49k classes is ~20% of a 135M
         model's FLOPs per token, and a loss that reads only the agent's tokens
         (~12% of a trajectory) need not pay for it on the tool observations.
+        ``packed_lengths``: ``input_ids`` is one row holding sequences of these
+        lengths back to back (see :func:`packed_token_logprobs`).
         """
         backbone, head = getattr(self, self._backbone_name), getattr(self, self._head_name)
-        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        extra = _packed_kwargs(packed_lengths, input_ids) if packed_lengths is not None else {}
+        hidden = backbone(
+            input_ids=input_ids, attention_mask=None if extra else attention_mask, use_cache=False, **extra
+        ).last_hidden_state
         B, T = input_ids.shape
         # position t-1 predicts token t; only real (non-padding) targets are scored
         valid = attention_mask[:, 1:].bool() & attention_mask[:, :-1].bool()
+        if extra:  # the first token of a packed sequence is not predicted by the one before it
+            valid = valid & (extra["position_ids"][:, 1:] > 0)
         if score_mask is not None:
             valid = valid & score_mask[:, 1:].bool()
         flat_hidden = hidden[:, :-1][valid]
@@ -177,6 +249,45 @@ class LogprobModel(nn.Module):
             logprobs = logprobs.masked_scatter(scored, torch.cat(pieces_lp))
             entropy = entropy.masked_scatter(scored, torch.cat(pieces_ent))
         return logprobs, entropy
+
+
+def _packed_kwargs(lengths: list[int], input_ids: torch.Tensor) -> dict:
+    """The backbone's extra arguments for a packed row: positions restarting per sequence, row bounds."""
+    if input_ids.shape[0] != 1 or sum(lengths) != input_ids.shape[1] or min(lengths, default=1) < 1:
+        raise ValueError(f"packed_lengths {lengths} do not tile a [1, {input_ids.shape[1]}] row")
+    position_ids = torch.cat([torch.arange(n, device=input_ids.device) for n in lengths])[None]
+    bounds = [0]
+    for n in lengths:
+        bounds.append(bounds[-1] + n)
+    return {"position_ids": position_ids, "packed_bounds": bounds}
+
+
+def packed_token_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    return_entropy: bool = False,
+    chunk_tokens: int = 1024,
+    score_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`token_logprobs` of right-padded ``[B, T]`` rows computed as one packed row: ``(logprobs, entropy)``.
+
+    The real tokens of every row are concatenated (no padding computed); the
+    results come back ``[B, T]`` with 0 on padding, equal to the padded
+    computation's up to float rounding. ``model`` must use
+    :func:`use_packed_attention` (an engine's module, or a causal LM).
+    """
+    keep = attention_mask.bool()
+    lengths = keep.sum(-1).tolist()
+    ids = input_ids[keep][None]
+    score = score_mask[keep][None] if score_mask is not None else None
+    if not isinstance(unwrap_engine(model), LogprobModel):
+        model = LogprobModel(model)
+    lp, ent = model(ids, torch.ones_like(ids), temperature, return_entropy, chunk_tokens, score,
+                    [n for n in lengths if n])
+    return lp.new_zeros(keep.shape).masked_scatter(keep, lp[0]), ent.new_zeros(keep.shape).masked_scatter(keep, ent[0])
 
 
 def token_logprobs(

@@ -68,8 +68,10 @@ from agent_r1.training.engines import make_engine, make_reference, unwrap
 from agent_r1.training.logprobs import (
     batched_token_logprobs,
     batched_values,
+    computed_positions,
     equalize_micro_batches,
     micro_batches,
+    packed_token_logprobs,
     select_rows,
 )
 from agent_r1.training.models import ValueModel, load_policy
@@ -282,12 +284,14 @@ def all_reduce_mean(metrics: dict[str, float], world: int) -> dict[str, float]:
 
 # ------------------------------------------------------------------ updates
 def minibatches(
-    attention_mask: torch.Tensor, cfg: Any, seed: int
+    attention_mask: torch.Tensor, cfg: Any, seed: int, packed: bool = False
 ) -> Iterator[tuple[list[int], list[list[int]]]]:
     """``ppo_epochs`` shuffled passes: (mini-batch rows, its token-budget micro-batches).
 
-    Micro-batch lists are padded to the same length on every rank (empty
-    groups): ZeRO's collectives need every rank to run as many passes.
+    ``packed``: micro-batches whose rows' total length fits the budget (they
+    run as one packed row); else whose padded size does. Micro-batch lists are
+    padded to the same length on every rank (empty groups): ZeRO's
+    collectives need every rank to run as many passes.
     """
     order = list(range(attention_mask.shape[0]))
     rng = random.Random(seed)
@@ -295,7 +299,7 @@ def minibatches(
         rng.shuffle(order)
         for start in range(0, len(order), cfg.mini_batch_size):
             rows = order[start : start + cfg.mini_batch_size]
-            local = micro_batches(attention_mask[rows].sum(-1).tolist(), cfg.micro_batch_tokens)
+            local = micro_batches(attention_mask[rows].sum(-1).tolist(), cfg.micro_batch_tokens, packed)
             yield rows, [[rows[i] for i in group] for group in equalize_micro_batches(local)]
 
 
@@ -316,6 +320,26 @@ def _accumulate(sums: dict[str, float], metrics: dict[str, Any], weight: float) 
         sums[k] = sums.get(k, 0.0) + float(v) * weight
 
 
+def actor_logprobs(
+    actor: Any, t: dict[str, torch.Tensor], temperature: float, entropy: bool, packed: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The actor's ``(logprobs, entropy)`` of one micro-batch (padded rows), scored under ``t['mask']``;
+    ``packed``: computed as one packed row, without padding (same values)."""
+    if packed:
+        return packed_token_logprobs(
+            actor, t["input_ids"], t["attention_mask"], temperature=temperature, return_entropy=entropy,
+            score_mask=t["mask"],
+        )
+    return actor(t["input_ids"], t["attention_mask"], temperature, entropy, score_mask=t["mask"])
+
+
+def padding_share(lengths: list[int], groups: list[list[int]], packed: bool) -> float:
+    """Padded positions computed / real tokens, over the real (non-placeholder) micro-batches."""
+    groups = [g for g in groups if g]
+    real = sum(lengths[i] for g in groups for i in g)
+    return (computed_positions(lengths, groups, packed) - real) / max(real, 1)
+
+
 def update_actor(
     params: Params, engines: Engines, batch: TrajectoryBatch, advantages: torch.Tensor,
     old_logprobs: torch.Tensor | None, ref_logprobs: torch.Tensor | None, mask: torch.Tensor, world: int,
@@ -324,6 +348,8 @@ def update_actor(
 
     Each micro-batch's loss is pre-scaled by the mini-batch's (global) token
     count, so the accumulated gradient is exactly that of the token-mean loss.
+    ``train.pack``: micro-batches run packed (no padding computed);
+    ``padding_share`` reports the padding computed either way.
     """
     alg = params.algorithm
     temperature = params.rollout.temperature  # the policy being optimised is the one that sampled
@@ -333,16 +359,18 @@ def update_actor(
     if ref_logprobs is not None:
         tensors["ref"] = ref_logprobs
     token_mean = alg.loss_agg == "token-mean"
+    packed = params.train.pack
+    lengths = batch.attention_mask.sum(-1).tolist()
     sums: dict[str, float] = {}
     n_steps = 0
-    for mb_rows, groups in minibatches(batch.attention_mask, params.train, params.train.seed):
+    planned: list[list[int]] = []
+    for mb_rows, groups in minibatches(batch.attention_mask, params.train, params.train.seed, packed):
         denom = global_denominator(float(mask[mb_rows].sum()), world)
+        planned += groups
         for rows in groups:
             t = select_rows(tensors, rows or mb_rows[:1])
             live = 1.0 if rows else 0.0  # an empty group is a placeholder pass (see minibatches)
-            lp, ent = engines.actor(
-                t["input_ids"], t["attention_mask"], temperature, alg.entropy_coef > 0, score_mask=t["mask"]
-            )
+            lp, ent = actor_logprobs(engines.actor, t, temperature, alg.entropy_coef > 0, packed)
             old = t["old"] if old_logprobs is not None else lp.detach()  # exactly on-policy: ratio 1
             pg, m = policy_loss(
                 lp, old, t["adv"], t["mask"], clip_ratio=alg.clip_ratio, clip_ratio_high=alg.clip_ratio_high,
@@ -368,7 +396,9 @@ def update_actor(
         if grad_norm is not None:
             sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(grad_norm)
         n_steps += 1
-    return {k: v / max(n_steps, 1) for k, v in sums.items()}
+    out = {k: v / max(n_steps, 1) for k, v in sums.items()}
+    out["padding_share"] = padding_share(lengths, planned, packed)
+    return out
 
 
 def update_critic(
