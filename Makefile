@@ -46,7 +46,7 @@ $(TRL_STAMP): bench/requirements-trl.txt pyproject.toml
 	$(TRL_VENV)/bin/python -m pip install -q --no-deps -e .
 	touch $(TRL_STAMP)
 
-bench-trl: $(TRL_STAMP)  ## one RL step, ours vs TRL's GRPOTrainer, single-turn and multi-turn (needs models/sft: make run); BENCH_TRL_ARGS=...
+bench-trl: $(TRL_STAMP)  ## one RL step, ours vs TRL's GRPOTrainer, single-turn and multi-turn (needs models/policy, indexes/bm25, data/prepared: make run); BENCH_TRL_ARGS=...
 	$(TRL_VENV)/bin/python bench/trl_compare.py $(BENCH_TRL_ARGS)
 
 lock:  ## re-pin after changing dependencies in pyproject.toml

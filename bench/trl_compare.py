@@ -426,7 +426,9 @@ def versions() -> dict[str, str]:
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", type=Path, default=ROOT / "models" / "sft", help="a transformers folder (the warm start)")
+    ap.add_argument("--model", type=Path, default=ROOT / "models" / "policy",
+                    help="a transformers folder; the base policy, as the prompt is the one-shot tool_call one "
+                         "(the warm start learnt the tags format)")
     ap.add_argument("--index", type=Path, default=ROOT / "indexes" / "bm25")
     ap.add_argument("--questions-file", type=Path, default=ROOT / "data" / "prepared" / "train.parquet")
     ap.add_argument("--params", type=Path, default=ROOT / "params.yaml", help="sampling, optimizer and env settings")
