@@ -145,15 +145,26 @@ def run_ours(args: argparse.Namespace, workload: str) -> dict[str, Any]:
         "trajectories": trajectories, "generated_tokens": round(m["response_length"] * trajectories),
         "sequence_tokens": round(m["tokens"]), "mean_turns": m["turns"], "tool_calls_per_trajectory": m["tool_calls"],
         "answer_rate": m["answer_rate"], "mean_reward": m["outcome_reward"],
-        "config": ours_config(params, args),
+        "config": {**ours_config(params, args), "rollout_path": rollout_path(engine, params)},
     }
+
+
+def rollout_path(engine: Any, params: Any) -> str:
+    """What the rollout did: rollout.continuous only takes effect with an engine whose own ``run_turns``
+    keeps the KV cache across turns (the base class's runs turn by turn)."""
+    from agent_r1.rollout.engine import GenerationEngine
+
+    own = getattr(type(engine), "run_turns", None)
+    if params.rollout.continuous and own is not None and own is not getattr(GenerationEngine, "run_turns", None):
+        return "continuous batching, KV cache kept across turns"
+    return "one generate() per turn, re-prefilling the history"
 
 
 def ours_config(params: Any, args: argparse.Namespace) -> dict[str, Any]:
     r, t, a, e = params.rollout, params.train, params.algorithm, params.env
     return {
         "code": "agent_r1.training.trainer.train_step (build_engines + make_rollout_engine + run_episodes + rl_step)",
-        "model": str(args.model), "dtype": "float32", "rollout_engine": r.engine, "rollout_continuous": r.continuous,
+        "model": str(args.model), "dtype": "float32", "rollout_engine": r.engine,
         "generation_batch": r.batch_size, "samples_per_question": r.n, "max_new_tokens_per_turn": r.max_new_tokens,
         "max_total_tokens": r.max_total_tokens, "stop": "</tool_call>, </answer> or <|im_end|>",
         "temperature": r.temperature, "top_p": r.top_p, "top_k": None,
@@ -333,8 +344,8 @@ def trl_result(trainer: Any, stamps: dict[str, float], seen: list[tuple[float, b
             "temperature": a.temperature, "top_p": a.top_p, "top_k": a.top_k,
             "max_tool_calling_iterations": a.max_tool_calling_iterations,
             "doc_chars": params.env.doc_chars, "search_top_k": params.env.top_k,
-            "optimizer": f"{a.optim}, lr {a.learning_rate}, wd {a.weight_decay}, grad clip {a.max_grad_norm}, "
-                         f"{a.lr_scheduler_type} lr",
+            "optimizer": f"{_plain(a.optim)}, lr {a.learning_rate}, wd {a.weight_decay}, grad clip {a.max_grad_norm}, "
+                         f"{_plain(a.lr_scheduler_type)} lr",
             "mini_batch": a.per_device_train_batch_size * a.gradient_accumulation_steps,
             "micro_batch": f"{a.per_device_train_batch_size} rows (x {a.gradient_accumulation_steps} accumulation steps)",
             "gradient_checkpointing": a.gradient_checkpointing,
@@ -343,6 +354,11 @@ def trl_result(trainer: Any, stamps: dict[str, float], seen: list[tuple[float, b
             "model_copies": "one (generates and trains)", "torch_threads": _threads(),
         },
     }
+
+
+def _plain(value: Any) -> Any:
+    """An enum setting's value (TrainingArguments turns strings into enums)."""
+    return getattr(value, "value", value)
 
 
 def _threads() -> int:
