@@ -8,7 +8,7 @@ PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: run paper test test-slow venv bench lock clean-venv
+.PHONY: run paper test test-slow venv bench bench-trl lock clean-venv
 
 $(STAMP): pyproject.toml requirements.lock requirements-vllm.lock
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -35,6 +35,19 @@ bench: $(STAMP)
 	$(PY) bench/retrieval.py
 	$(PY) bench/rollout.py
 	$(PY) bench/train.py
+
+# TRL lives in its own venv (under build/, git-ignored): never in .venv nor requirements.lock.
+TRL_VENV  := build/venv-trl
+TRL_STAMP := $(TRL_VENV)/.installed
+
+$(TRL_STAMP): bench/requirements-trl.txt pyproject.toml
+	test -x $(TRL_VENV)/bin/python || python3 -m venv $(TRL_VENV)
+	$(TRL_VENV)/bin/python -m pip install -q -r bench/requirements-trl.txt
+	$(TRL_VENV)/bin/python -m pip install -q --no-deps -e .
+	touch $(TRL_STAMP)
+
+bench-trl: $(TRL_STAMP)  ## one RL step, ours vs TRL's GRPOTrainer, single-turn and multi-turn (needs models/policy, indexes/bm25, data/prepared: make run); BENCH_TRL_ARGS=...
+	$(TRL_VENV)/bin/python bench/trl_compare.py $(BENCH_TRL_ARGS)
 
 lock:  ## re-pin after changing dependencies in pyproject.toml
 	$(PY) -m pip install -q -e .
