@@ -173,6 +173,7 @@ class VLLMEngine(GenerationEngine):
         memory = _memory_args(self.on_cpu, kv_cache_gib, gpu_memory_utilization)
 
         _keep_foreign_process_group()
+        _tolerate_unscannable_modules()
         rng_state = (random.getstate(), torch.get_rng_state(), _numpy_rng_state())
         set_num_threads = torch.set_num_threads
         try:
@@ -384,6 +385,33 @@ def _keep_foreign_process_group() -> None:
 
     destroy_distributed_environment._agent_r1_patched = True
     ps.destroy_distributed_environment = destroy_distributed_environment
+
+
+def _tolerant_vars(obj: object) -> Mapping:
+    """``vars(obj)``, or ``{}`` where that is not a mapping (an object answering every attribute name)."""
+    try:
+        namespace = vars(obj)
+    except TypeError:
+        return {}
+    return namespace if isinstance(namespace, Mapping) else {}
+
+
+def _tolerate_unscannable_modules() -> None:
+    """Let vLLM's kernel rebinding scan a process that has loaded llvmlite (numba), as the trainer's has.
+
+    On start, vLLM's CPU worker rebinds its Triton kernel overrides by reading
+    ``vars(value).get("kernel")`` for every attribute of every loaded module;
+    llvmlite's ``ffi.lib`` answers any attribute name, ``__dict__`` included,
+    with a C-function wrapper, and the scan dies with "'_lib_fn_wrapper'
+    object has no attribute 'get'". The scan's ``vars`` is pointed at one that
+    reads such objects as empty (they hold no vLLM kernel).
+    """
+    try:
+        from vllm.triton_utils import dispatcher
+    except ImportError:  # another vLLM layout: nothing to patch
+        return
+    if hasattr(dispatcher, "_rebind_kernels"):
+        dispatcher.vars = _tolerant_vars  # a module global shadows the builtin inside that module only
 
 
 def _expected_reload_warnings(record: logging.LogRecord) -> bool:
