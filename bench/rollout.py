@@ -54,7 +54,8 @@ def rollout_config(args: argparse.Namespace, engine: str, dtype: str, batch_size
     from agent_r1.config import RolloutConfig
 
     return RolloutConfig(
-        engine="vllm" if engine == "vllm" else "transformers", continuous=engine != "old", n=args.n,
+        # vLLM gets one generate per turn with the history re-sent: its prefix cache is its cross-turn KV reuse
+        engine="vllm" if engine == "vllm" else "transformers", continuous=engine == "new", n=args.n,
         temperature=0.7, max_new_tokens=args.max_new_tokens, max_total_tokens=args.max_total_tokens,
         batch_size=batch_size, dtype=dtype, seed=0,
     )

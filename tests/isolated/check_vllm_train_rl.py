@@ -52,6 +52,8 @@ def vllm_params() -> Params:
             "engine": "vllm", "dtype": "float32", "n": 2, "max_new_tokens": 8, "max_total_tokens": 512,
             "batch_size": 4, "vllm": p.rollout.vllm.model_copy(update={"kv_cache_gib": 0.05}),
         }),
+        # the random policy never answers: every reward 0, every GRPO advantage 0; the entropy term alone moves it
+        "algorithm": p.algorithm.model_copy(update={"entropy_coef": 0.1}),
         "train": p.train.model_copy(update={
             "steps": 1, "questions_per_step": 2, "mini_batch_size": 4, "micro_batch_tokens": 512, "bf16": False,
             "gradient_checkpointing": False, "actor_lr": 1e-3, "eval_questions": 2,
