@@ -23,7 +23,7 @@ from agent_r1.rollout.vllm_engine import VLLMEngine, usable_cores  # noqa: E402
 from agent_r1.training.trainer import train_rl  # noqa: E402
 
 # float32 vLLM vs a float32 transformers forward of the same weights agree to ~3e-5 (check_vllm_engine.py);
-# one step at this learning rate moves the tiny model's logprobs by far more than 100x that.
+# one step at this learning rate moves the tiny model's logprobs by more than 20 x TOL.
 TOL = 1e-3
 
 
@@ -104,6 +104,6 @@ def test_train_rl_rolls_out_with_vllm_and_syncs_the_updated_weights(
         old_diff = (got - logprobs(initial, prompt, sample.token_ids)).abs().max().item()
         print(f"\nvLLM after train_rl: max |logprob diff| vs trained {new_diff:.2e}, vs initial {old_diff:.2e}")
         assert new_diff < TOL
-        assert old_diff > 100 * TOL
+        assert old_diff > 20 * TOL  # measured: 0.16 vs the initial policy, 2e-6 vs the trained one
     finally:
         engine.close()
