@@ -218,7 +218,10 @@ def main() -> None:
 
     args = parse_args()
     desc = machine()
-    results = [run_isolated(args, *run) for run in plan(args)]
+    results = []
+    for run in plan(args):
+        results.append(run_isolated(args, *run))
+        print(results[-1], flush=True)  # a long run shows its progress
     desc["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
     speedups = ratios(results)
     print_table(results, speedups, f"rollout: {args.records} records x n={args.n}, max_new_tokens={args.max_new_tokens}, "

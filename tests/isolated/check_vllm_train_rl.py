@@ -90,7 +90,9 @@ def test_train_rl_rolls_out_with_vllm_and_syncs_the_updated_weights(
     )
     (engine,) = built
     try:
-        assert isinstance(engine, VLLMEngine) and engine.num_threads == usable_cores()
+        assert isinstance(engine, VLLMEngine) and engine.num_threads == usable_cores()  # rollout.vllm: null
+        cache = engine.llm.llm_engine.vllm_config.cache_config
+        assert cache.enable_prefix_caching and cache.kv_cache_memory_bytes == int(0.05 * (1 << 30))
         assert out["steps"] == 1 and out["last"]["tokens"] > 0 and "eval/em" in out["last"]
 
         tok = engine.tokenizer
