@@ -175,7 +175,7 @@ class VLLMEngine(GenerationEngine):
         _keep_foreign_process_group()
         _tolerate_unscannable_modules()
         rng_state = (random.getstate(), torch.get_rng_state(), _numpy_rng_state())
-        set_num_threads = torch.set_num_threads
+        set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
         try:
             with self._threads():  # model load and KV-cache allocation run on the same pool
                 self.llm = LLM(
@@ -193,6 +193,7 @@ class VLLMEngine(GenerationEngine):
                 )
         finally:
             torch.set_num_threads = set_num_threads  # the CPU worker swaps in a no-op
+            set_num_threads(threads)  # vLLM's worker drops torch to 1 thread "for serving": not the trainer's
             random.setstate(rng_state[0])
             torch.set_rng_state(rng_state[1])
             _restore_numpy_rng_state(rng_state[2])
