@@ -218,16 +218,16 @@ def main() -> None:
 
     args = parse_args()
     desc = machine()
-    results = []
+    results: list[dict] = []
     for run in plan(args):
         results.append(run_isolated(args, *run))
-        print(results[-1], flush=True)  # a long run shows its progress
-    desc["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
-    speedups = ratios(results)
+        print(results[-1], flush=True)  # a long run shows its progress, and keeps what it measured if stopped
+        desc["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
+        speedups = ratios(results)
+        write_json(args.out, {"machine": desc, "config": vars(args), "results": results, "speedups": speedups})
     print_table(results, speedups, f"rollout: {args.records} records x n={args.n}, max_new_tokens={args.max_new_tokens}, "
                 f"max_turns={args.max_turns}, batch {args.batch_size}; {desc['cpu']}, {desc['usable_cores']} cores, "
                 f"load {desc['load_avg_1m_at_start']} -> {desc['load_avg_1m_at_end']}")
-    write_json(args.out, {"machine": desc, "config": vars(args), "results": results, "speedups": speedups})
 
 
 if __name__ == "__main__":  # spawned workers import this module: nothing runs outside the guard
