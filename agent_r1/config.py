@@ -333,6 +333,24 @@ class EnvConfig(_Strict):
 
 
 # -------------------------------------------------------------------- rollout
+class VLLMConfig(_Strict):
+    """``rollout.engine: vllm``: the in-process vLLM engine's resources.
+
+    Prefix caching is what gives vLLM cross-turn KV reuse: every turn re-sends
+    the episode's history, and its already-computed blocks are found in the cache.
+    """
+
+    num_threads: int | None = Field(
+        None, ge=1, description="CPU: torch/OpenMP threads while vLLM runs; null = every core this process may use"
+    )
+    enable_prefix_caching: bool = Field(True, description="reuse the KV of shared prefixes (earlier turns, the group's prompt)")
+    kv_cache_gib: float = Field(1.0, gt=0.0, description="CPU: RAM reserved for the KV cache, GiB")
+    gpu_memory_utilization: float = Field(
+        0.3, gt=0.0, le=1.0, description="GPU: share of GPU memory vLLM takes (weights + KV cache); the trainer shares the GPU"
+    )
+    enforce_eager: bool = Field(True, description="no torch.compile / CUDA graphs: starts in seconds instead of minutes")
+
+
 class RolloutConfig(_Strict):
     engine: Literal["transformers", "vllm"] = "transformers"
     n: int = Field(4, ge=1, description="samples per question: one GRPO/RLOO group")
@@ -348,6 +366,7 @@ class RolloutConfig(_Strict):
     )
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
     seed: Seed = 0
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
 
 
 # ------------------------------------------------------------ algorithm/train

