@@ -311,6 +311,30 @@ class TransformersEngine(GenerationEngine):
         self.stats["prefill_tokens"] += n
         return n
 
+    def _prefill_prompts(self, prompts: list[list[int]], cache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Prefill ``prompts`` into ``cache``: (last logits, attention mask, positions of the fed tokens).
+
+        The common prefix runs once; each remaining suffix is left-padded, so
+        padding sits between the shared prefix and the suffix and positions skip it.
+        """
+        shared = self._prefill_shared_prefix(prompts, cache)
+        width = max(len(p) for p in prompts) - shared
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), shared + width), dtype=torch.long)
+        mask[:, :shared] = 1
+        for r, prompt in enumerate(prompts):
+            suffix = prompt[shared:]
+            ids[r, width - len(suffix) :] = torch.tensor(suffix)
+            mask[r, shared + width - len(suffix) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
+        logits = self._last_logits(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+        real = sum(len(p) - shared for p in prompts)
+        self.stats["prefill_tokens"] += real
+        self.stats["row_tokens"] += real + shared * len(prompts)
+        self.stats["padded_tokens"] += ids.numel() - real
+        return logits, mask, pos
+
     @torch.inference_mode()
     def run_turns(
         self, prompts: list[list[int]], on_turn_end: TurnEnd, settings: TurnSettings,
@@ -354,23 +378,7 @@ class TransformersEngine(GenerationEngine):
         stops = StopChecker(self.tokenizer, stop_strings)
 
         cache = DynamicCache(config=self.model.config)
-        shared = self._prefill_shared_prefix([prompts[i] for i in rows], cache)
-        width = max(len(prompts[i]) for i in rows) - shared
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), shared + width), dtype=torch.long)
-        mask[:, :shared] = 1
-        for r, i in enumerate(rows):
-            suffix = prompts[i][shared:]
-            ids[r, width - len(suffix) :] = torch.tensor(suffix)
-            mask[r, shared + width - len(suffix) :] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        # padding sits between the shared prefix and each suffix; positions skip it
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
-        logits = self._last_logits(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
-        real = sum(len(prompts[i]) - shared for i in rows)
-        self.stats["prefill_tokens"] += real
-        self.stats["row_tokens"] += real + shared * len(rows)
-        self.stats["padded_tokens"] += ids.numel() - real
+        logits, mask, pos = self._prefill_prompts([prompts[i] for i in rows], cache)
         last_pos = pos[:, -1:]
         alive = [True] * len(rows)
         while True:
