@@ -32,7 +32,9 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from agent_r1.rollout.engine import GenerationOutput, StopChecker, TurnEnd, TurnSettings, sample_tokens
+from agent_r1.rollout.engine import (
+    GenerationOutput, StopChecker, TurnEnd, TurnSettings, sample_tokens, shared_prefix_length,
+)
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [kv_heads, n, head_dim]
 
@@ -160,13 +162,10 @@ class ContinuousBatcher:
 
     def _shared_prefix(self, prompts: list[list[int]]) -> tuple[KV | None, int]:
         """The KV of the prompts' common prefix, computed once (at least one token of each is left)."""
-        first, shortest = prompts[0], min(len(p) for p in prompts)
-        n = 0
-        while n < shortest - 1 and all(p[n] == first[n] for p in prompts):
-            n += 1
-        if n < max(1, self.engine.min_shared_prefix):
+        n = shared_prefix_length(prompts, self.engine.min_shared_prefix)
+        if n == 0:
             return None, 0
-        ids = torch.tensor([first[:n]], device=self.engine.device)
+        ids = torch.tensor([prompts[0][:n]], device=self.engine.device)
         cache = _cache([], self.engine.model.config)
         self._forward(cache, ids, torch.ones_like(ids), torch.arange(n, device=ids.device)[None])
         self.engine.stats["prefill_tokens"] += n

@@ -131,6 +131,18 @@ def run_turns_synchronously(
         active = sorted(i for i, reply in zip(order, replies) if reply is not None)
 
 
+def shared_prefix_length(prompts: list[list[int]], minimum: int) -> int:
+    """Length of the prompts' common prefix, leaving at least one token of each prompt;
+    0 when it is shorter than ``minimum``, ``minimum <= 0`` or there are fewer than 2 prompts."""
+    if len(prompts) < 2 or minimum <= 0:
+        return 0
+    first, shortest = prompts[0], min(len(p) for p in prompts)
+    n = 0
+    while n < shortest - 1 and all(p[n] == first[n] for p in prompts):
+        n += 1
+    return n if n >= minimum else 0
+
+
 def check_generate_args(
     prompts: list[list[int]], max_new_tokens: list[int] | int, temperature: float, top_p: float
 ) -> tuple[list[int], list[int]]:
@@ -296,15 +308,10 @@ class TransformersEngine(GenerationEngine):
         one token of each prompt is left for the batched prefill, which
         produces the first logits.
         """
-        if len(prompts) < 2 or self.min_shared_prefix <= 0:
+        n = shared_prefix_length(prompts, self.min_shared_prefix)
+        if n == 0:
             return 0
-        first, shortest = prompts[0], min(len(p) for p in prompts)
-        n = 0
-        while n < shortest - 1 and all(p[n] == first[n] for p in prompts):
-            n += 1
-        if n < self.min_shared_prefix:
-            return 0
-        ids = torch.tensor([first[:n]], device=self.device)
+        ids = torch.tensor([prompts[0][:n]], device=self.device)
         pos = torch.arange(n, device=self.device)[None]
         self.model.get_decoder()(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True)
         cache.batch_repeat_interleave(len(prompts))
