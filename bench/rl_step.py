@@ -19,6 +19,7 @@ ratios against the first side.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import platform
@@ -84,7 +85,7 @@ def source_tree(rev: str, scratch: Path) -> Path:
     archive = subprocess.run(["git", "archive", rev], cwd=ROOT, check=True, capture_output=True).stdout
     tree = scratch / rev
     tree.mkdir(parents=True)
-    with tarfile.open(fileobj=__import__("io").BytesIO(archive)) as tar:
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(tree, filter="data")
     return tree
 
