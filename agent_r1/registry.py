@@ -1,0 +1,187 @@
+"""Extension points by name: the one list of every built-in name, and plugins.
+
+Each registry maps a short name (what ``params.yaml`` says) to where its object
+lives, ``"module:attribute"``, imported on first use: reading the names, as the
+params check does, imports nothing heavy (the estimators need torch, the data
+sources pandas). Adding a built-in is one ``add`` line here next to the object.
+
+A params value holding a ``:`` is a *plugin*: ``"package.module:Name"`` from the
+user's own code (importable from the project root, where the stages run). It is
+imported, checked against the extension point's interface, and then used exactly
+like a built-in; a failed import or a wrong object is an error naming the params
+key before any work starts. What an extension point expects of its objects is
+in its base class or its built-ins' docstrings:
+
+===============  ====================  =================================================
+registry         params key            object
+===============  ====================  =================================================
+TOOLS            ``env.tools``         a ``agent_r1.env.tools.Tool`` subclass
+FORMATS          ``env.format``        an ``agent_r1.env.formats.ActionFormat`` subclass
+REWARDS          ``env.reward.scheme`` ``fn(answer, golds, format_valid, cfg) -> float``
+DATA_SOURCES     ``data.source``       an ``agent_r1.data.sources.DataSource`` subclass
+ESTIMATORS       ``algorithm.name``    an advantage function (``agent_r1.algorithms.advantages``)
+===============  ====================  =================================================
+
+Metadata an entry carries (``needs_critic`` for an estimator) is given to ``add``
+for a built-in and read from the object's attribute of that name for a plugin.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PLUGIN_SEPARATOR = ":"
+
+
+@dataclass(frozen=True)
+class Entry:
+    ref: str  # "module:attribute"
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def is_plugin(value: str) -> bool:
+    """A ``package.module:Name`` reference rather than a registered name."""
+    return PLUGIN_SEPARATOR in value
+
+
+def import_ref(ref: str) -> Any:
+    """The object ``"package.module:Name"`` names (``Name`` may be dotted: ``Class.attr``)."""
+    module_name, _, attr = ref.partition(PLUGIN_SEPARATOR)
+    if not module_name or not attr:
+        raise ImportError(f"{ref!r} is not of the form package.module:Name")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ImportError(f"module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def ref_source(ref: str) -> Path | None:
+    """The code a plugin reference depends on: its top-level package's folder, or its module's
+    file; None for a module that is not a file (built into Python)."""
+    top = ref.partition(PLUGIN_SEPARATOR)[0].split(".")[0]
+    spec = importlib.util.find_spec(top)
+    if spec is None or spec.origin in (None, "built-in", "frozen"):
+        return None
+    origin = Path(spec.origin)
+    return origin.parent if origin.name == "__init__.py" else origin
+
+
+def subclass_of(base_ref: str) -> Callable[[Any], str | None]:
+    """An interface check: the object must be a class deriving from ``base_ref`` (imported when a plugin is checked)."""
+
+    def check(obj: Any) -> str | None:
+        base = import_ref(base_ref)
+        if inspect.isclass(obj) and issubclass(obj, base):
+            return None
+        return f"must be a subclass of {base.__module__}.{base.__qualname__}, got {obj!r}"
+
+    return check
+
+
+def function_taking(*names: str) -> Callable[[Any], str | None]:
+    """An interface check: a function (or other callable) that accepts keyword arguments ``names``."""
+
+    def check(obj: Any) -> str | None:
+        if not callable(obj) or inspect.isclass(obj):
+            return f"must be a function, got {obj!r}"
+        params = inspect.signature(obj).parameters
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        missing = [n for n in names if n not in params and not takes_any]
+        return f"must take the arguments {', '.join(names)}; missing {', '.join(missing)}" if missing else None
+
+    return check
+
+
+class Registry:
+    """Names -> objects for one extension point (see the module docstring)."""
+
+    def __init__(self, kind: str, check: Callable[[Any], str | None]):
+        self.kind = kind
+        self._check = check
+        self._entries: dict[str, Entry] = {}
+        self._loaded: dict[str, Any] = {}
+
+    def add(self, name: str, ref: str, **meta: Any) -> None:
+        """Register a built-in: ``name`` -> the object at ``ref`` (imported on first use)."""
+        if name in self._entries or is_plugin(name):
+            raise ValueError(f"{self.kind} {name!r}: already registered or contains {PLUGIN_SEPARATOR!r}")
+        self._entries[name] = Entry(ref, meta)
+
+    def register(self, name: str, **meta: Any) -> Callable[[Any], Any]:
+        """Decorator form of :meth:`add` for an object already imported (a test's, or a notebook's)."""
+
+        def decorate(obj: Any) -> Any:
+            self.add(name, f"{obj.__module__}:{obj.__qualname__}", **meta)
+            self._loaded[name] = obj
+            return obj
+
+        return decorate
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._entries)
+
+    def problem(self, value: str) -> str | None:
+        """Why ``value`` names no usable object (unknown name, failed import, wrong interface), or None."""
+        if not is_plugin(value):
+            if value in self._entries:
+                return None
+            return f"unknown {self.kind} {value!r}; one of {', '.join(self._entries)}, or a plugin 'package.module:Name'"
+        try:
+            obj = self.load(value)
+        except Exception as exc:  # any import-time failure of user code is reported, not raised
+            return f"plugin {value!r} could not be imported: {type(exc).__name__}: {exc}"
+        if (why := self._check(obj)) is not None:
+            return f"plugin {value!r} is no {self.kind}: {why}"
+        return None
+
+    def load(self, value: str) -> Any:
+        """The object ``value`` names: a registered name or a plugin reference."""
+        if value not in self._loaded:
+            if is_plugin(value):
+                self._loaded[value] = import_ref(value)
+            elif value in self._entries:
+                self._loaded[value] = import_ref(self._entries[value].ref)
+            else:
+                raise KeyError(self.problem(value))
+        return self._loaded[value]
+
+    def meta(self, value: str, key: str, default: Any = None) -> Any:
+        """Metadata ``key`` of ``value``: given to ``add`` for a built-in, the object's attribute for a plugin."""
+        if is_plugin(value):
+            return getattr(self.load(value), key, default)
+        return self._entries[value].meta.get(key, default)
+
+
+TOOLS = Registry("tool", subclass_of("agent_r1.env.tools:Tool"))
+TOOLS.add("search", "agent_r1.env.tools:SearchTool")
+
+FORMATS = Registry("action format", subclass_of("agent_r1.env.formats:ActionFormat"))
+FORMATS.add("tags", "agent_r1.env.formats:TagFormat")
+FORMATS.add("tool_call", "agent_r1.env.formats:ToolCallFormat")
+
+REWARDS = Registry("reward scheme", function_taking("answer", "golds", "format_valid", "cfg"))
+REWARDS.add("paper", "agent_r1.env.rewards:paper_reward")
+REWARDS.add("answer_only", "agent_r1.env.rewards:answer_only_reward")
+REWARDS.add("answer_plus_format", "agent_r1.env.rewards:answer_plus_format_reward")
+
+DATA_SOURCES = Registry("data source", subclass_of("agent_r1.data.sources:DataSource"))
+DATA_SOURCES.add("synthetic", "agent_r1.data.synthetic:SyntheticWorld")
+DATA_SOURCES.add("hotpotqa", "agent_r1.data.official:HotpotQA", downloads=True)
+DATA_SOURCES.add("2wikimultihopqa", "agent_r1.data.official:TwoWikiMultihopQA", downloads=True)
+DATA_SOURCES.add("musique", "agent_r1.data.official:MuSiQue", downloads=True)
+
+ESTIMATORS = Registry("advantage estimator", function_taking("token_rewards", "action_mask"))
+ESTIMATORS.add("ppo", "agent_r1.algorithms.advantages:gae", needs_critic=True)
+ESTIMATORS.add("gae", "agent_r1.algorithms.advantages:gae", needs_critic=True)
+ESTIMATORS.add("grpo", "agent_r1.algorithms.advantages:grpo")
+ESTIMATORS.add("rloo", "agent_r1.algorithms.advantages:rloo")
+ESTIMATORS.add("reinforce_pp", "agent_r1.algorithms.advantages:reinforce_pp")
+ESTIMATORS.add("reinforce_pp_baseline", "agent_r1.algorithms.advantages:reinforce_pp_baseline")
