@@ -349,71 +349,109 @@ def _entity_text(world: World, e: Entity, rng: random.Random) -> str:
     Documents of kinds that comparisons ask about (company, person, film, product) hold
     exactly one four-digit year, so a reader (or a test) can compare them unambiguously.
     """
+    return " ".join(_KIND_TEXTS[e.kind](world, e, rng))
+
+
+def _product_text(world: World, e: Entity, rng: random.Random) -> list[str]:
     f, ref, name = e.facts, world.ref, e.name
     out: list[str] = []
-    if e.kind == "product":
-        maker = ref(world.get(f["made_by"]))
-        cat = _a(e.descriptor)
-        out.append(_pick(rng, ("The {n} is {c} made by {m}.", "The {n} is {c} produced by {m}.",
-                               "{M} makes the {n}, {c}.", "The {n} is {c} from {m}."),
-                         n=name, c=cat, m=maker, M=_cap(maker)))
-        out.append(_pick(rng, ("It was released in {y}.", "The {n} went on sale in {y}.",
-                               "It was first sold in {y}."), n=name, y=f["year"]))
-        if rng.random() < 0.6:
-            out.append(_pick(rng, ("Reviewers praised its {x}.", "Critics noted its {x}.",
-                                   "Later versions improved its {x}."), x=f["feature"]))
-    elif e.kind == "company":
-        founder = ref(world.get(f["founded_by"]))
-        ind = _a(str(f["industry"]))
-        out.append(_pick(rng, ("{n} is {i} company founded in {y} by {p}.",
-                               "{n} is {i} company. It was founded by {p} in {y}.",
-                               "Founded by {p} in {y}, {n} is {i} company.",
-                               "{n} is {i} company that {p} founded in {y}."),
-                         n=name, i=ind, y=f["founded"], p=founder))
-        out.append(_pick(rng, ("The company is headquartered in {c}.", "Its headquarters are in {c}.",
-                               "{n} has its head office in {c}.", "It is based in {c}."),
-                         n=name, c=ref(world.get(f["hq"]))))
-        if rng.random() < 0.6:
-            out.append(f"It employs about {int(f['staff']):,} people.")  # type: ignore[call-overload]
-    elif e.kind == "person":
-        city = ref(world.get(f["born_in"]))
-        surname = name.split()[-1]
-        job = _a(e.descriptor)
-        out.append(_pick(rng, ("{n} is {j} who was born in {c} in {y}.", "{n} (born {y} in {c}) is {j}.",
-                               "{n} is {j}. {s} was born in {y} in {c}.", "Born in {c} in {y}, {n} is {j}."),
-                         n=name, j=job, c=city, y=f["birth_year"], s=surname))
-        if rng.random() < 0.6:
-            out.append(f"{surname} studied {f['subject']} at university.")
-        if f["moved_to"] is not None and f["moved_to"] != f["born_in"]:
-            out.append(f"{surname} later moved to {ref(world.get(f['moved_to']))}.")
-    elif e.kind == "film":
-        director = ref(world.get(f["directed_by"]))
-        genre = e.descriptor.removesuffix(" film")
-        out.append(_pick(rng, ("{n} is a {y} {g} film directed by {d}.",
-                               "{n} is {ga} film directed by {d} and released in {y}.",
-                               "Directed by {d}, {n} is {ga} film released in {y}.",
-                               "{n} is {ga} film. It was directed by {d} and came out in {y}."),
-                         n=name, y=f["year"], g=genre, ga=_a(genre), d=director))
-        if f["stars"] != f["directed_by"]:
-            out.append(f"It stars {ref(world.get(f['stars']))}.")
-        if f["shot_in"] is not None:
-            out.append(f"The film was shot in {ref(world.get(f['shot_in']))}.")
-    elif e.kind == "city":
-        country = world.get(f["country"])
-        out.append(_pick(rng, ("{n} is {t} in {c}.", "{n} is {t} located in {c}.",
-                               "{n} is {t} in the country of {c}."), n=name, t=_a(e.descriptor), c=country.name))
-        if country.facts.get("capital") == e.doc_id:
-            out.append(f"It is the capital of {country.name}.")
-        out.append(_pick(rng, ("It has a population of about {p}.", "About {p} people live there."),
-                         p=f"{int(f['population']):,}"))  # type: ignore[call-overload]
-        if rng.random() < 0.5:
-            out.append(f"It lies on the {f['river']} River and is known for its {f['trait']}.")
-    elif e.kind == "country":
-        capital = ref(world.get(f["capital"]))
-        out.append(_pick(rng, ("{n} is a country whose capital is {c}.", "{n} is a country with its capital at {c}."),
-                         n=name, c=capital))
-        out.append(f"Its official language is {f['language']}, and about {f['population']} million people live there.")
-    return " ".join(out)
+    maker = ref(world.get(f["made_by"]))
+    cat = _a(e.descriptor)
+    out.append(_pick(rng, ("The {n} is {c} made by {m}.", "The {n} is {c} produced by {m}.",
+                           "{M} makes the {n}, {c}.", "The {n} is {c} from {m}."),
+                     n=name, c=cat, m=maker, M=_cap(maker)))
+    out.append(_pick(rng, ("It was released in {y}.", "The {n} went on sale in {y}.",
+                           "It was first sold in {y}."), n=name, y=f["year"]))
+    if rng.random() < 0.6:
+        out.append(_pick(rng, ("Reviewers praised its {x}.", "Critics noted its {x}.",
+                               "Later versions improved its {x}."), x=f["feature"]))
+    return out
+
+
+def _company_text(world: World, e: Entity, rng: random.Random) -> list[str]:
+    f, ref, name = e.facts, world.ref, e.name
+    out: list[str] = []
+    founder = ref(world.get(f["founded_by"]))
+    ind = _a(str(f["industry"]))
+    out.append(_pick(rng, ("{n} is {i} company founded in {y} by {p}.",
+                           "{n} is {i} company. It was founded by {p} in {y}.",
+                           "Founded by {p} in {y}, {n} is {i} company.",
+                           "{n} is {i} company that {p} founded in {y}."),
+                     n=name, i=ind, y=f["founded"], p=founder))
+    out.append(_pick(rng, ("The company is headquartered in {c}.", "Its headquarters are in {c}.",
+                           "{n} has its head office in {c}.", "It is based in {c}."),
+                     n=name, c=ref(world.get(f["hq"]))))
+    if rng.random() < 0.6:
+        out.append(f"It employs about {int(f['staff']):,} people.")  # type: ignore[call-overload]
+    return out
+
+
+def _person_text(world: World, e: Entity, rng: random.Random) -> list[str]:
+    f, ref, name = e.facts, world.ref, e.name
+    out: list[str] = []
+    city = ref(world.get(f["born_in"]))
+    surname = name.split()[-1]
+    job = _a(e.descriptor)
+    out.append(_pick(rng, ("{n} is {j} who was born in {c} in {y}.", "{n} (born {y} in {c}) is {j}.",
+                           "{n} is {j}. {s} was born in {y} in {c}.", "Born in {c} in {y}, {n} is {j}."),
+                     n=name, j=job, c=city, y=f["birth_year"], s=surname))
+    if rng.random() < 0.6:
+        out.append(f"{surname} studied {f['subject']} at university.")
+    if f["moved_to"] is not None and f["moved_to"] != f["born_in"]:
+        out.append(f"{surname} later moved to {ref(world.get(f['moved_to']))}.")
+    return out
+
+
+def _film_text(world: World, e: Entity, rng: random.Random) -> list[str]:
+    f, ref, name = e.facts, world.ref, e.name
+    out: list[str] = []
+    director = ref(world.get(f["directed_by"]))
+    genre = e.descriptor.removesuffix(" film")
+    out.append(_pick(rng, ("{n} is a {y} {g} film directed by {d}.",
+                           "{n} is {ga} film directed by {d} and released in {y}.",
+                           "Directed by {d}, {n} is {ga} film released in {y}.",
+                           "{n} is {ga} film. It was directed by {d} and came out in {y}."),
+                     n=name, y=f["year"], g=genre, ga=_a(genre), d=director))
+    if f["stars"] != f["directed_by"]:
+        out.append(f"It stars {ref(world.get(f['stars']))}.")
+    if f["shot_in"] is not None:
+        out.append(f"The film was shot in {ref(world.get(f['shot_in']))}.")
+    return out
+
+
+def _city_text(world: World, e: Entity, rng: random.Random) -> list[str]:
+    f, name = e.facts, e.name
+    out: list[str] = []
+    country = world.get(f["country"])
+    out.append(_pick(rng, ("{n} is {t} in {c}.", "{n} is {t} located in {c}.",
+                           "{n} is {t} in the country of {c}."), n=name, t=_a(e.descriptor), c=country.name))
+    if country.facts.get("capital") == e.doc_id:
+        out.append(f"It is the capital of {country.name}.")
+    out.append(_pick(rng, ("It has a population of about {p}.", "About {p} people live there."),
+                     p=f"{int(f['population']):,}"))  # type: ignore[call-overload]
+    if rng.random() < 0.5:
+        out.append(f"It lies on the {f['river']} River and is known for its {f['trait']}.")
+    return out
+
+
+def _country_text(world: World, e: Entity, rng: random.Random) -> list[str]:
+    f, ref, name = e.facts, world.ref, e.name
+    out: list[str] = []
+    capital = ref(world.get(f["capital"]))
+    out.append(_pick(rng, ("{n} is a country whose capital is {c}.", "{n} is a country with its capital at {c}."),
+                     n=name, c=capital))
+    out.append(f"Its official language is {f['language']}, and about {f['population']} million people live there.")
+    return out
+
+
+_KIND_TEXTS: dict[str, Callable[[World, Entity, random.Random], list[str]]] = {
+    "product": _product_text,
+    "company": _company_text,
+    "person": _person_text,
+    "film": _film_text,
+    "city": _city_text,
+    "country": _country_text,
+}
 
 
 def _distractor(world: World, rng: random.Random) -> tuple[list[Entity], str, str]:
