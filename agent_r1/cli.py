@@ -25,12 +25,19 @@ def _params_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _downloaded_names() -> list[str]:
+    """The built-in data sources that read a downloaded file (registry metadata: nothing imported)."""
+    from agent_r1.registry import DATA_SOURCES
+
+    return [n for n in DATA_SOURCES.names() if DATA_SOURCES.meta(n, "downloads", False)]
+
+
 def _data_convert(args: argparse.Namespace) -> int:
-    from agent_r1.data.official import OfficialFormatError, convert_file
+    from agent_r1.data.official import convert_file
 
     try:
         n_q, n_d = convert_file(args.source, Path(args.input), Path(args.out))
-    except OfficialFormatError as exc:
+    except ValueError as exc:  # a bad file (OfficialFormatError) or a source that reads no file
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {n_q} questions and {n_d} documents to {args.out}")
@@ -128,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     data = sub.add_parser("data", help="data utilities").add_subparsers(dest="sub", required=True)
     conv = data.add_parser("convert", help="convert one official-format file to the normalised schema")
-    conv.add_argument("--source", required=True, choices=["hotpotqa", "2wikimultihopqa", "musique"])
+    conv.add_argument("--source", required=True, help=f"a downloaded data source: {', '.join(_downloaded_names())}, "
+                      "or a plugin package.module:Name")
     conv.add_argument("--input", required=True, help="the official JSON / JSONL file")
     conv.add_argument("--out", required=True, help="folder for questions.parquet and corpus.parquet")
     conv.set_defaults(func=_data_convert)

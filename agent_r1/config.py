@@ -27,12 +27,9 @@ from pydantic import (
 )
 
 from agent_r1.paths import REMOTE_INDEX_SCHEMES
+from agent_r1.registry import DATA_SOURCES, is_plugin
 
 DEFAULT_PARAMS = Path("params.yaml")
-
-DataSource = Literal["synthetic", "hotpotqa", "2wikimultihopqa", "musique"]
-RealSource = Literal["hotpotqa", "2wikimultihopqa", "musique"]
-REAL_SOURCES: tuple[str, ...] = ("hotpotqa", "2wikimultihopqa", "musique")
 
 
 class _Strict(BaseModel):
@@ -71,24 +68,24 @@ Seed = Annotated[int, Field(ge=0, le=2**32 - 1)]
 
 
 class MirrorConfig(_Strict):
-    """Where to fetch one real source instead of its official URL."""
+    """Where to fetch one downloaded source instead of its published URL."""
 
     url: str = Field(..., description="mirror or file:// path")
     sha256: str | None = Field(None, pattern=_SHA256, description="expected sha256; checked when set")
 
 
 class RealDataConfig(_Strict):
-    """Download and size limits for HotpotQA / 2WikiMultihopQA / MuSiQue."""
+    """Download and size limits for the downloaded sources (HotpotQA, 2WikiMultihopQA, MuSiQue, plugins)."""
 
     url: str | None = Field(None, description="override the official URL (mirror or file://); one source only")
     sha256: str | None = Field(
         None, pattern=_SHA256, description="expected sha256 of the download; checked when set"
     )
-    mirrors: dict[RealSource, MirrorConfig] = Field(
+    mirrors: dict[str, MirrorConfig] = Field(
         default_factory=dict, description="per-source url/sha256 when several sources are downloaded"
     )
     split: Literal["train", "dev"] = "dev"
-    splits: dict[RealSource, Literal["train", "dev"]] = Field(
+    splits: dict[str, Literal["train", "dev"]] = Field(
         default_factory=dict, description="per-source official file, overriding `split` (e.g. musique: dev)"
     )
     max_questions: int | None = Field(None, ge=1, description="keep the first N questions (None = all)")
@@ -97,24 +94,37 @@ class RealDataConfig(_Strict):
 
 
 class DataConfig(_Strict):
-    source: DataSource | list[RealSource] = Field(
-        "synthetic", description="one source, or a list of real sources trained (and tested) on together"
+    """Which data source(s) the questions and the corpus come from (agent_r1.data.sources).
+
+    A source is a name of the data-source registry (agent_r1.registry.DATA_SOURCES) or a plugin
+    ``package.module:Name``: a generated one (synthetic) alone, or one or more downloaded ones.
+    """
+
+    source: str | list[str] = Field(
+        "synthetic", description="one source, or a list of downloaded sources trained (and tested) on together"
     )
-    test_only: list[RealSource] = Field(
-        default_factory=list, description="real sources whose questions are all test questions (out-of-domain)"
+    test_only: list[str] = Field(
+        default_factory=list, description="downloaded sources whose questions are all test questions (out-of-domain)"
     )
     seed: Seed = 0
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="free-form settings for plugin sources: each gets them as `self.options` (generate / read)",
+    )
     synthetic: SyntheticConfig = SyntheticConfig()
     real: RealDataConfig = RealDataConfig()
 
-    @field_validator("source", mode="before")
+    @field_validator("source", "test_only")
     @classmethod
-    def _known_source(cls, v: Any) -> Any:
-        # one message for the union (pydantic would report each arm of it)
-        if isinstance(v, str) and v not in ("synthetic", *REAL_SOURCES):
-            raise ValueError(f"must be one of 'synthetic', {', '.join(map(repr, REAL_SOURCES))}, or a list of the real ones; got {v!r}")
-        if isinstance(v, list) and (bad := [x for x in v if x not in REAL_SOURCES]):
-            raise ValueError(f"a list holds real sources only ({', '.join(REAL_SOURCES)}); got {bad}")
+    def _known_source(cls, v: str | list[str]) -> str | list[str]:
+        for name in [v] if isinstance(v, str) else v:
+            if (problem := DATA_SOURCES.problem(name)) is not None:
+                raise ValueError(problem)
+        if isinstance(v, list) and (generated := [x for x in v if not _downloads(x)]):
+            raise ValueError(
+                f"a list holds downloaded sources only; {generated} generate their own questions (name one alone "
+                f"in data.source); got {v}"
+            )
         return v
 
     @property
@@ -123,9 +133,11 @@ class DataConfig(_Strict):
         return [self.source] if isinstance(self.source, str) else list(self.source)
 
     @property
-    def real_sources(self) -> list[str]:
-        """Every real source to download, in-domain first; [] for the synthetic world."""
-        return [] if self.source == "synthetic" else [*self.train_sources, *self.test_only]
+    def downloaded_sources(self) -> list[str]:
+        """Every source to download, in-domain first; [] for a generated source."""
+        if isinstance(self.source, str) and not _downloads(self.source):
+            return []
+        return [*self.train_sources, *self.test_only]
 
     def real_for(self, source: str) -> RealDataConfig:
         """``real`` as it applies to ``source``: its mirror's url/sha256 when it has one."""
@@ -142,22 +154,40 @@ class DataConfig(_Strict):
         for name, values in (("data.source", train), ("data.test_only", self.test_only)):
             if len(set(values)) != len(values):
                 raise ValueError(f"{name}: lists a source twice: {values}")
-        if self.source == "synthetic":
+        downloaded = self.downloaded_sources
+        if not downloaded:
             if self.test_only:
-                raise ValueError("data.test_only: needs real sources in data.source (the synthetic world has its own)")
+                raise ValueError(f"data.test_only: needs downloaded sources in data.source ({self.source!r} "
+                                 "generates its own test questions)")
             if self.real.url is not None:
-                raise ValueError("data.real.url is set but data.source is 'synthetic'")
+                raise ValueError(f"data.real.url is set but data.source {self.source!r} downloads nothing")
         if both := sorted(set(train) & set(self.test_only)):
             raise ValueError(f"data.test_only: {both} also in data.source; a source is either in-domain or not")
-        real = self.real_sources
-        if (self.real.url is not None or self.real.sha256 is not None) and len(real) > 1:
+        self._check_real(downloaded)
+        if self.options and not any(is_plugin(s) for s in (*train, *self.test_only)):
+            raise ValueError(f"data.options: only plugin sources read options, and {train + self.test_only} are built-in")
+        return self
+
+    def _check_real(self, downloaded: list[str]) -> None:
+        """``data.real`` fits the downloaded sources: keys name them, a plugin publishes the chosen split."""
+        if (self.real.url is not None or self.real.sha256 is not None) and len(downloaded) > 1:
             raise ValueError(
-                f"data.real.url/sha256 apply to one source, but {real} are downloaded; use data.real.mirrors.SOURCE"
+                f"data.real.url/sha256 apply to one source, but {downloaded} are downloaded; "
+                "use data.real.mirrors.SOURCE"
             )
         for key in ("mirrors", "splits"):
-            if stray := sorted(set(getattr(self.real, key)) - set(real)):
+            if stray := sorted(set(getattr(self.real, key)) - set(downloaded)):
                 raise ValueError(f"data.real.{key}: {stray} not downloaded (data.source / data.test_only)")
-        return self
+        for name in filter(is_plugin, downloaded):  # built-ins publish both splits
+            split, published = self.real_for(name).split, sorted(DATA_SOURCES.load(name).files)
+            if split not in published:
+                key = f"data.real.splits.{name}" if name in self.real.splits else "data.real.split"
+                raise ValueError(f"{key}: {name!r} publishes the splits {published}, not {split!r}")
+
+
+def _downloads(source: str) -> bool:
+    """Whether a (valid) data source is downloaded rather than generated: registry metadata, no import of a built-in."""
+    return bool(DATA_SOURCES.meta(source, "downloads", False))
 
 
 # ---------------------------------------------------------------------- model

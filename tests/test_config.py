@@ -26,7 +26,7 @@ def test_repo_params_file_is_valid() -> None:
     ("raw", "expected"),
     [
         ({"retrieval": {"top_k": 0}}, "retrieval.top_k: must be >= 1, got 0"),
-        ({"data": {"source": "wiki"}}, "data.source: must be one of"),
+        ({"data": {"source": "wiki"}}, "data.source: unknown data source 'wiki'; one of synthetic"),
         ({"retrieval": {"topk": 3}}, "retrieval.topk: unknown key"),
         ({"trainn": {}}, "trainn: unknown key"),
         ({"data": {"synthetic": {"n_train": "many"}}}, "data.synthetic.n_train:"),

@@ -35,9 +35,10 @@ from agent_r1.data.official import (
     download_official,
     read_official,
     resolve_hop,
-    split_questions,
 )
+from agent_r1.data.prepare import split_questions
 from agent_r1.data.schema import CORPUS_COLUMNS, QUESTION_COLUMNS
+from agent_r1.data.sources import get_source
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -456,14 +457,14 @@ def test_download_file_url_writes_file_and_manifest(tmp_path: Path) -> None:
     src = _write_json(tmp_path / "mirror.json", HOTPOT)
     digest = hashlib.sha256(src.read_bytes()).hexdigest()
     dest = tmp_path / "raw"
-    got = download_official("hotpotqa", RealDataConfig(url=src.as_uri(), sha256=digest), dest)
+    got = download_official(get_source("hotpotqa"), RealDataConfig(url=src.as_uri(), sha256=digest), dest)
     assert got == dest / "hotpot_dev_distractor_v1.json" and got.read_bytes() == src.read_bytes()
     manifest = json.loads((dest / "manifest.json").read_text())
     assert manifest["url"] == src.as_uri() and manifest["sha256"] == digest
     assert manifest["bytes"] == src.stat().st_size and manifest["source"] == "hotpotqa"
     assert sorted(p.name for p in dest.iterdir()) == ["hotpot_dev_distractor_v1.json", "manifest.json"]
     # a plain path works as a mirror too; train split -> train file name
-    got = download_official("hotpotqa", RealDataConfig(url=str(src), split="train"), dest)
+    got = download_official(get_source("hotpotqa"), RealDataConfig(url=str(src), split="train"), dest)
     assert got.name == "hotpot_train_v1.1.json"
     assert len(read_official("hotpotqa", got)[0]) == 2
 
@@ -475,7 +476,7 @@ def test_download_2wiki_zip_over_http(tmp_path: Path, server: tuple[str, dict]) 
         {"data/train.json": b"[]", "data/dev.json": dev, "data/test.json": b"[]", "__MACOSX/data/._dev.json": b"junk"}
     ))
     dest = tmp_path / "raw"
-    got = download_official("2wikimultihopqa", RealDataConfig(url=f"{base}/s/npidmtadreo6df2/data.zip?dl=1"), dest)
+    got = download_official(get_source("2wikimultihopqa"), RealDataConfig(url=f"{base}/s/npidmtadreo6df2/data.zip?dl=1"), dest)
     assert got == dest / "dev.json" and got.read_bytes() == dev
     assert json.loads((dest / "manifest.json").read_text())["zip_member"] == "data/dev.json"
     assert sorted(p.name for p in dest.iterdir()) == ["dev.json", "manifest.json"]  # zip not kept
@@ -499,7 +500,7 @@ def test_download_musique_through_drive_confirm_page(tmp_path: Path, server: tup
     routes["/download?id=FILEID&export=download&confirm=t&uuid=u-1"] = ("application/octet-stream", archive)
     dest = tmp_path / "raw"
     cfg = RealDataConfig(url=f"{base}/uc?export=download&id=FILEID", sha256=hashlib.sha256(archive).hexdigest())
-    got = download_official("musique", cfg, dest)
+    got = download_official(get_source("musique"), cfg, dest)
     assert got == dest / "musique_ans_v1.0_dev.jsonl" and got.read_bytes() == dev
     assert json.loads((dest / "manifest.json").read_text())["bytes"] == len(archive)
     q, _ = read_official("musique", got)
@@ -507,7 +508,7 @@ def test_download_musique_through_drive_confirm_page(tmp_path: Path, server: tup
     # an HTML page that leads nowhere (quota exceeded) is an error, not a saved "dataset"
     routes["/uc?export=download&id=GONE"] = ("text/html", b"<html><body>Quota exceeded</body></html>")
     with pytest.raises(DownloadError, match=r"uc\?export=download&id=GONE: the server sent an HTML page"):
-        download_official("musique", RealDataConfig(url=f"{base}/uc?export=download&id=GONE"), tmp_path / "r2")
+        download_official(get_source("musique"), RealDataConfig(url=f"{base}/uc?export=download&id=GONE"), tmp_path / "r2")
     assert list((tmp_path / "r2").iterdir()) == []
 
 
@@ -518,7 +519,7 @@ def test_sha256_mismatch_leaves_nothing(tmp_path: Path, server: tuple[str, dict]
     dest = tmp_path / "raw"
     wrong = "0" * 64
     with pytest.raises(DownloadError) as err:
-        download_official("hotpotqa", RealDataConfig(url=f"{base}/hotpot.json", sha256=wrong), dest)
+        download_official(get_source("hotpotqa"), RealDataConfig(url=f"{base}/hotpot.json", sha256=wrong), dest)
     msg = str(err.value)
     assert f"expected {wrong}" in msg and f"got {hashlib.sha256(body).hexdigest()}" in msg
     assert list(dest.iterdir()) == []
@@ -528,13 +529,13 @@ def test_missing_zip_member_and_http_errors(tmp_path: Path, server: tuple[str, d
     base, routes = server
     routes["/other.zip"] = ("application/zip", _zip_bytes({"data/readme.txt": b"hi"}))
     with pytest.raises(DownloadError, match=r"no 'dev.json'; it contains: data/readme.txt"):
-        download_official("2wikimultihopqa", RealDataConfig(url=f"{base}/other.zip"), tmp_path / "a")
+        download_official(get_source("2wikimultihopqa"), RealDataConfig(url=f"{base}/other.zip"), tmp_path / "a")
     assert list((tmp_path / "a").iterdir()) == []
     with pytest.raises(DownloadError, match=rf"could not download {base}/missing.json: HTTP 404"):
-        download_official("hotpotqa", RealDataConfig(url=f"{base}/missing.json"), tmp_path / "b")
+        download_official(get_source("hotpotqa"), RealDataConfig(url=f"{base}/missing.json"), tmp_path / "b")
     expected = r"could not download file:///nonexistent/hotpot.json: .*data\.real\.url"
     with pytest.raises(DownloadError, match=expected):
-        download_official("hotpotqa", RealDataConfig(url="file:///nonexistent/hotpot.json"), tmp_path / "c")
+        download_official(get_source("hotpotqa"), RealDataConfig(url="file:///nonexistent/hotpot.json"), tmp_path / "c")
 
 
 def test_unreachable_url_names_url_and_mirror_setting(tmp_path: Path) -> None:
@@ -543,7 +544,7 @@ def test_unreachable_url_names_url_and_mirror_setting(tmp_path: Path) -> None:
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}/x"
     with pytest.raises(DownloadError) as err:
-        download_official("hotpotqa", RealDataConfig(url=url, timeout_s=5), tmp_path / "raw")
+        download_official(get_source("hotpotqa"), RealDataConfig(url=url, timeout_s=5), tmp_path / "raw")
     assert f"could not download {url}" in str(err.value) and "data.real.url" in str(err.value)
     assert list((tmp_path / "raw").iterdir()) == []
 
@@ -554,7 +555,7 @@ def test_several_sources_download_and_prepare_together(tmp_path: Path, monkeypat
     from agent_r1 import paths
     from agent_r1.config import parse_params
     from agent_r1.stages.download import download_data
-    from agent_r1.stages.prepare import load_source
+    from agent_r1.data.prepare import load_questions_and_corpus
 
     shared = ["Maheen Khan", ["Maheen Khan is a Pakistani fashion designer."]]  # in 2Wiki too: kept once
     hotpot = [dict(HOTPOT[0], context=[*HOTPOT[0]["context"], shared]), HOTPOT[1]]
@@ -577,7 +578,7 @@ def test_several_sources_download_and_prepare_together(tmp_path: Path, monkeypat
     for rel in manifest["sources"].values():
         assert (paths.RAW_DIR / rel).exists()
 
-    questions, corpus = load_source(params)
+    questions, corpus = load_questions_and_corpus(params.data, paths.RAW_DIR)
     by = questions.groupby(["source", "split"]).size().to_dict()
     assert by[("musique", "test")] == 2 and ("musique", "train") not in by  # unanswerable skipped, all test
     for source in ("hotpotqa", "2wikimultihopqa"):  # two questions each, split both ways (test_fraction 0.5)
@@ -589,7 +590,7 @@ def test_several_sources_download_and_prepare_together(tmp_path: Path, monkeypat
     # data/raw from another set of sources is refused, naming the fix
     other = parse_params({"data": {"source": "hotpotqa", "real": {"url": files["hotpotqa"].as_uri()}}})
     with pytest.raises(ValueError, match="run the download stage"):
-        load_source(other)
+        load_questions_and_corpus(other.data, paths.RAW_DIR)
 
 
 # ------------------------------------------------------- empty answers (EM)

@@ -167,7 +167,7 @@ def test_bad_params_fail_the_stage_naming_the_key(repo: Path) -> None:
         (repo / "params.yaml").write_text(original.replace("source: synthetic", "source: wiki"))
         proc = dvc(repo, "repro", "--single-item", "prepare", "--force", check=False)
         assert proc.returncode != 0
-        assert "data.source: must be one of" in proc.stdout + proc.stderr
+        assert "data.source: unknown data source 'wiki'" in proc.stdout + proc.stderr
     finally:
         (repo / "params.yaml").write_text(original)
     # DVC cleared the stage's outs before running it: the cache restores the data, and

@@ -1,24 +1,21 @@
-"""Fetch the official HotpotQA / 2WikiMultihopQA / MuSiQue files from their authors' URLs.
+"""Fetch a downloaded data source's published file (its ``urls`` / ``files``, or a mirror) into ``data/raw``.
 
 Why a module of its own: the download stage must turn "the internet is not
 there" into one actionable sentence (set ``data.real.url`` to a local mirror;
 ``file://`` works), verify a pinned checksum before anything reaches
-``dest_dir``, and cope with the ways the publishers ship the data:
+``dest_dir``, and cope with the ways publishers ship data: a plain file, a zip
+holding the file (extracted by base name, macOS debris ignored), or a Google
+Drive link that answers large files with a "can't scan this file for viruses"
+HTML page whose form (or older ``confirm=`` link / ``download_warning``
+cookie) leads to the file; that page is followed automatically. Nothing here
+knows a source by name: :func:`download_official` takes the source object
+(:class:`agent_r1.data.sources.DataSource`), built-in or plugin.
 
-- HotpotQA: plain JSON files on the authors' CMU server.
-- 2WikiMultihopQA: one Dropbox zip (the "full dataset" link in the README of
-  github.com/Alab-NII/2wikimultihop) holding ``train.json`` / ``dev.json`` /
-  ``test.json``.
-- MuSiQue: ``musique_v1.0.zip`` on Google Drive (the file id used by
-  StonyBrookNLP/musique's ``download_data.sh``), holding
-  ``data/musique_ans_v1.0_{train,dev}.jsonl``. Drive answers large files with
-  a "can't scan this file for viruses" HTML page whose form (or older
-  ``confirm=`` link / ``download_warning`` cookie) leads to the file; that
-  page is followed automatically.
-
-The result in ``dest_dir`` is the official-format file (extracted from the zip
-when the download is one) plus ``manifest.json`` recording where it came
-from and the checksum of what was downloaded, so a later run can pin it.
+The result in ``dest_dir`` is the source's file (extracted from the zip when
+the download is one) plus ``manifest.json`` recording where it came from and
+the checksum of what was downloaded, so a later run can pin it.
+:func:`download_sources` does this for every source params name, and writes
+``data/raw/source.json`` naming each one's file.
 """
 
 from __future__ import annotations
@@ -41,28 +38,13 @@ from typing import BinaryIO
 
 from tqdm import tqdm
 
-from agent_r1.config import RealDataConfig
-from agent_r1.io import atomic_path, write_json
+from agent_r1.config import DataConfig, RealDataConfig
+from agent_r1.data.sources import DataSource, get_source
+from agent_r1.io import atomic_dir, atomic_path, write_json
+from agent_r1.paths import RAW_SOURCE
 
 log = logging.getLogger(__name__)
 
-_TWOWIKI_ZIP = "https://www.dropbox.com/s/npidmtadreo6df2/data.zip?dl=1"
-_MUSIQUE_ZIP = "https://drive.google.com/uc?export=download&id=1tGdADlNjWFaHLeZZGShh2IRcpO6Lv24h"
-
-OFFICIAL_URLS: dict[str, dict[str, str]] = {
-    "hotpotqa": {
-        "train": "http://curtis.ml.cmu.edu/datasets/hotpot/hotpot_train_v1.1.json",
-        "dev": "http://curtis.ml.cmu.edu/datasets/hotpot/hotpot_dev_distractor_v1.json",
-    },
-    "2wikimultihopqa": {"train": _TWOWIKI_ZIP, "dev": _TWOWIKI_ZIP},
-    "musique": {"train": _MUSIQUE_ZIP, "dev": _MUSIQUE_ZIP},
-}
-# The official-format file each (source, split) download yields; for a zip, the member's base name.
-OFFICIAL_FILES: dict[str, dict[str, str]] = {
-    "hotpotqa": {"train": "hotpot_train_v1.1.json", "dev": "hotpot_dev_distractor_v1.json"},
-    "2wikimultihopqa": {"train": "train.json", "dev": "dev.json"},
-    "musique": {"train": "musique_ans_v1.0_train.jsonl", "dev": "musique_ans_v1.0_dev.jsonl"},
-}
 MANIFEST_FILE = "manifest.json"
 _CHUNK = 1 << 20
 _MAX_CONFIRM_PAGES = 3
@@ -176,58 +158,74 @@ def _zip_member(zf: zipfile.ZipFile, member: str) -> str:
     return min(names, key=lambda n: (n.count("/"), names.index(n)))
 
 
-def download_official(source: str, cfg: RealDataConfig, dest_dir: Path) -> Path:
-    """Fetch ``cfg.url`` (or the official URL for ``cfg.split``) into ``dest_dir``; return the data file.
+def _location(source: DataSource, cfg: RealDataConfig) -> tuple[str, str]:
+    """(the URL to fetch as configured, the file name it yields) for ``cfg.split`` of ``source``."""
+    if cfg.split not in source.files:
+        raise DownloadError(
+            f"data.real.split: {source.name!r} publishes the splits {sorted(source.files)}, not {cfg.split!r}"
+        )
+    return cfg.url or source.urls[cfg.split], source.files[cfg.split]
+
+
+def _fetch_verified(url: str, configured: str, fd: int, member: str, cfg: RealDataConfig) -> tuple[str, int]:
+    """Download ``url`` into the open temporary file ``fd``; every failure is a DownloadError naming the URL."""
+    try:
+        with os.fdopen(fd, "wb") as out:
+            sha256, size = _fetch(url, out, cfg.timeout_s, member)
+    except urllib.error.HTTPError as exc:
+        raise DownloadError(
+            f"could not download {configured}: HTTP {exc.code} {exc.reason}. {_mirror_hint(member)}"
+        ) from None
+    except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        raise DownloadError(f"could not download {configured}: {reason}. {_mirror_hint(member)}") from None
+    if cfg.sha256 is not None and sha256 != cfg.sha256:
+        raise DownloadError(
+            f"{configured}: sha256 mismatch: expected {cfg.sha256}, got {sha256} ({size} bytes); "
+            "the download was discarded. If the publisher changed the file, update data.real.sha256."
+        )
+    return sha256, size
+
+
+def _install(tmp: Path, target: Path, member: str) -> str | None:
+    """Move the verified download to ``target`` (extracting ``member`` from a zip); the zip member's path, or None."""
+    if not zipfile.is_zipfile(tmp):
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)  # same directory: atomic, like agent_r1.io, without copying GBs
+        return None
+    with zipfile.ZipFile(tmp) as zf:
+        archived = _zip_member(zf, member)
+        with zf.open(archived) as src, atomic_path(target) as dst_path, open(dst_path, "wb") as dst:
+            shutil.copyfileobj(src, dst, _CHUNK)
+    return archived
+
+
+def download_official(source: DataSource, cfg: RealDataConfig, dest_dir: Path) -> Path:
+    """Fetch ``cfg.url`` (or ``source``'s published URL for ``cfg.split``) into ``dest_dir``; return the data file.
 
     The download goes to a temporary file in ``dest_dir``; it only becomes
-    ``dest_dir/<official name>`` after the sha256 check (when ``cfg.sha256`` is
+    ``dest_dir/<file name>`` after the sha256 check (when ``cfg.sha256`` is
     set) and, for zips, extraction of the right member. On any failure
     nothing new is left in ``dest_dir``. ``manifest.json`` records source,
     split, url, sha256 and size of what was downloaded.
     """
-    if source not in OFFICIAL_URLS:
-        raise ValueError(f"unknown official source {source!r}; expected one of {list(OFFICIAL_URLS)}")
-    configured = cfg.url or OFFICIAL_URLS[source][cfg.split]
-    url = _as_url(configured)
-    member = OFFICIAL_FILES[source][cfg.split]
+    configured, member = _location(source, cfg)
     dest_dir = Path(dest_dir)
     dest_dir.mkdir(parents=True, exist_ok=True)
     target = dest_dir / member
     fd, tmp_name = tempfile.mkstemp(prefix=".download-", suffix=".tmp", dir=dest_dir)
     tmp = Path(tmp_name)
     try:
-        log.info("downloading %s %s from %s", source, cfg.split, configured)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                sha256, size = _fetch(url, out, cfg.timeout_s, member)
-        except urllib.error.HTTPError as exc:
-            raise DownloadError(
-                f"could not download {configured}: HTTP {exc.code} {exc.reason}. {_mirror_hint(member)}"
-            ) from None
-        except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as exc:
-            reason = getattr(exc, "reason", None) or exc
-            raise DownloadError(f"could not download {configured}: {reason}. {_mirror_hint(member)}") from None
-        if cfg.sha256 is not None and sha256 != cfg.sha256:
-            raise DownloadError(
-                f"{configured}: sha256 mismatch: expected {cfg.sha256}, got {sha256} ({size} bytes); "
-                "the download was discarded. If the publisher changed the file, update data.real.sha256."
-            )
-        archived = None
-        if zipfile.is_zipfile(tmp):
-            with zipfile.ZipFile(tmp) as zf:
-                archived = _zip_member(zf, member)
-                with zf.open(archived) as src, atomic_path(target) as dst_path, open(dst_path, "wb") as dst:
-                    shutil.copyfileobj(src, dst, _CHUNK)
-        else:
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, target)  # same directory: atomic, like agent_r1.io, without copying GBs
+        log.info("downloading %s %s from %s", source.name, cfg.split, configured)
+        sha256, size = _fetch_verified(_as_url(configured), configured, fd, member, cfg)
+        archived = _install(tmp, target, member)
     except zipfile.BadZipFile as exc:
         raise DownloadError(f"{configured}: damaged zip ({exc}); delete it and download again") from None
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
     manifest = {
-        "source": source,
+        "source": source.name,
         "split": cfg.split,
         "url": configured,
         "sha256": sha256,
@@ -238,3 +236,29 @@ def download_official(source: str, cfg: RealDataConfig, dest_dir: Path) -> Path:
     write_json(dest_dir / MANIFEST_FILE, manifest)
     log.info("%s: %d bytes, sha256 %s -> %s", configured, size, sha256, target)
     return target
+
+
+def source_folder(name: str) -> str:
+    """The folder of ``data/raw`` holding source ``name``'s file: the name, a plugin's ``:`` made a ``.``."""
+    return name.replace(":", ".")
+
+
+def download_sources(data: DataConfig, raw_dir: Path) -> None:
+    """``raw_dir``: each downloaded source's file in its own folder, and ``source.json`` naming them.
+
+    A generated source downloads nothing: ``source.json`` just records its name. All sources or
+    none: a failed download (DownloadError) leaves the previous ``raw_dir`` as it was.
+    """
+    manifest_name = RAW_SOURCE.name
+    sources = data.downloaded_sources
+    if not sources:
+        with atomic_dir(raw_dir) as tmp:
+            write_json(tmp / manifest_name, {"source": data.source, "file": None})
+        return
+    with atomic_dir(raw_dir) as tmp:
+        files = {}
+        for name in sources:
+            source, cfg = get_source(name, data.options), data.real_for(name)
+            official = download_official(source, cfg, tmp / source_folder(name))
+            files[name] = f"{source_folder(name)}/{official.name}"
+        write_json(tmp / manifest_name, {"sources": files, "test_only": data.test_only})

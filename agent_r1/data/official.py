@@ -37,21 +37,21 @@ import hashlib
 import json
 import logging
 import re
+from abc import abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from agent_r1.data.download import OFFICIAL_URLS, DownloadError, download_official  # noqa: F401  (re-exported)
+from agent_r1.data.download import DownloadError, download_official  # noqa: F401  (re-exported)
 from agent_r1.data.schema import SchemaError, corpus_frame, questions_frame
+from agent_r1.data.sources import DataSource, get_source
 from agent_r1.io import atomic_path
 
 log = logging.getLogger(__name__)
 
-SOURCES: tuple[str, ...] = ("hotpotqa", "2wikimultihopqa", "musique")
 QUESTIONS_FILE = "questions.parquet"
 CORPUS_FILE = "corpus.parquet"
 _MISSING = object()
@@ -261,8 +261,11 @@ def _supporting_titles(rec: dict, where: str) -> list[str]:
     return _dedup(titles)
 
 
-def _hotpot_like(source: str, rec: Any, where: str) -> tuple[dict, list[tuple[str, str]]]:
-    """One HotpotQA / 2Wiki record -> (question record, its paragraphs). Both share HotpotQA's layout."""
+def _hotpot_like(
+    source: str, rec: Any, where: str, alias_keys: tuple[str, ...] = ()
+) -> tuple[dict, list[tuple[str, str]]]:
+    """One HotpotQA / 2Wiki record -> (question record, its paragraphs). Both share HotpotQA's layout;
+    ``alias_keys`` are the optional fields holding answer aliases."""
     rec, where = _record(rec, where, "_id")
     answer = _answer(rec, where)
     question = _question(rec, where)
@@ -270,12 +273,11 @@ def _hotpot_like(source: str, rec: Any, where: str) -> tuple[dict, list[tuple[st
     paragraphs = _context(rec, where)
     titles = _supporting_titles(rec, where)
     aliases: list[str] = []
-    if source == "2wikimultihopqa":  # some re-releases add aliases; the original has none
-        for key in ("aliases", "answer_aliases"):
-            value = _get(rec, key, list, where, default=[])
-            if not all(isinstance(a, str) for a in value):
-                raise OfficialFormatError(f"{where}: {key!r} must be a list of strings, got {_preview(value)}")
-            aliases += value
+    for key in alias_keys:
+        value = _get(rec, key, list, where, default=[])
+        if not all(isinstance(a, str) for a in value):
+            raise OfficialFormatError(f"{where}: {key!r} must be a list of strings, got {_preview(value)}")
+        aliases += value
     q = {
         "id": rec["_id"],
         "question": question,
@@ -366,53 +368,120 @@ def _musique(rec: Any, where: str) -> tuple[dict, list[tuple[str, str]]] | None:
     return q, paragraphs
 
 
-# ------------------------------------------------------------------ public API
-def read_official(
-    source: str, path: Path, max_questions: int | None = None
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Parse one official file into ``(questions, corpus)`` in the normalised schema.
+# ------------------------------------------------------------------ the sources
+class OfficialSource(DataSource):
+    """A published multi-hop QA file: the read loop the three built-ins share; each says how to
+    iterate its file (:meth:`_records`) and parse one record (:meth:`_parse`)."""
 
-    ``max_questions`` keeps the first N answerable questions and only their
-    paragraphs (the whole file is still validated up to that point).
-    ``split`` is ``"unsplit"``; the caller assigns it (:func:`split_questions`).
-    """
-    if source not in SOURCES:
-        raise ValueError(f"unknown official source {source!r}; expected one of {list(SOURCES)}")
-    path = Path(path)
-    records = _jsonl_records(path) if source == "musique" else _json_records(path)
-    questions: list[dict] = []
-    docs: dict[tuple[str, str], str] = {}  # (title, text) -> doc_id, in first-seen order
-    first_seen: dict[str, str] = {}  # question id -> where, to name both duplicates
-    skipped = missing_gold = 0
-    for label, rec in tqdm(records, desc=f"reading {path.name}", unit="rec", disable=None, leave=False):
-        where = f"{path}: {label}"
-        parsed = _musique(rec, where) if source == "musique" else _hotpot_like(source, rec, where)
-        if parsed is None:
-            skipped += 1
-            continue
-        q, paragraphs = parsed
-        if q["id"] in first_seen:
-            raise OfficialFormatError(f"{where}: duplicate id {q['id']!r} (first at {first_seen[q['id']]})")
-        first_seen[q["id"]] = label
-        missing_gold += not set(q["supporting_titles"]) <= {t for t, _ in paragraphs}
-        for title, text in paragraphs:
-            docs.setdefault((title, text), doc_id(source, title, text))
-        questions.append(q)
-        if max_questions is not None and len(questions) >= max_questions:
-            break
-    if not questions:
-        raise OfficialFormatError(f"{path}: no answerable questions ({skipped} unanswerable skipped)")
-    if skipped:
-        log.info("%s: skipped %d unanswerable MuSiQue records (answerable: false)", path, skipped)
-    if missing_gold:
-        log.warning("%s: %d questions cite supporting titles absent from their own context", path, missing_gold)
-    log.info("%s: %d questions, %d distinct paragraphs", path, len(questions), len(docs))
-    try:
-        qdf = questions_frame(questions, where=str(path))
-        cdf = corpus_frame(({"doc_id": d, "title": t, "text": x} for (t, x), d in docs.items()), where=str(path))
-    except SchemaError as exc:  # e.g. a sha1 prefix collision; reported in the converter's terms
-        raise OfficialFormatError(str(exc)) from None
-    return qdf, cdf
+    downloads = True
+    tag: ClassVar[str]  # the ``source`` column and the doc-id prefix
+
+    def _records(self, path: Path) -> Iterator[tuple[str, Any]]:
+        return _json_records(path)
+
+    @abstractmethod
+    def _parse(self, rec: Any, where: str) -> tuple[dict, list[tuple[str, str]]] | None:
+        """One record -> (question record, its ``(title, text)`` paragraphs), or None to skip it."""
+
+    def read(self, path: Path, max_questions: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """Parse one official file into ``(questions, corpus)`` in the normalised schema.
+
+        ``max_questions`` keeps the first N answerable questions and only their
+        paragraphs (the whole file is still validated up to that point).
+        ``split`` is ``"unsplit"``; the prepare stage assigns it.
+        """
+        path = Path(path)
+        records = self._records(path)
+        questions: list[dict] = []
+        docs: dict[tuple[str, str], str] = {}  # (title, text) -> doc_id, in first-seen order
+        first_seen: dict[str, str] = {}  # question id -> where, to name both duplicates
+        skipped = missing_gold = 0
+        for label, rec in tqdm(records, desc=f"reading {path.name}", unit="rec", disable=None, leave=False):
+            where = f"{path}: {label}"
+            parsed = self._parse(rec, where)
+            if parsed is None:
+                skipped += 1
+                continue
+            q, paragraphs = parsed
+            if q["id"] in first_seen:
+                raise OfficialFormatError(f"{where}: duplicate id {q['id']!r} (first at {first_seen[q['id']]})")
+            first_seen[q["id"]] = label
+            missing_gold += not set(q["supporting_titles"]) <= {t for t, _ in paragraphs}
+            for title, text in paragraphs:
+                docs.setdefault((title, text), doc_id(self.tag, title, text))
+            questions.append(q)
+            if max_questions is not None and len(questions) >= max_questions:
+                break
+        if not questions:
+            raise OfficialFormatError(f"{path}: no answerable questions ({skipped} unanswerable skipped)")
+        if skipped:
+            log.info("%s: skipped %d unanswerable MuSiQue records (answerable: false)", path, skipped)
+        if missing_gold:
+            log.warning("%s: %d questions cite supporting titles absent from their own context", path, missing_gold)
+        log.info("%s: %d questions, %d distinct paragraphs", path, len(questions), len(docs))
+        try:
+            qdf = questions_frame(questions, where=str(path))
+            cdf = corpus_frame(({"doc_id": d, "title": t, "text": x} for (t, x), d in docs.items()), where=str(path))
+        except SchemaError as exc:  # e.g. a sha1 prefix collision; reported in the converter's terms
+            raise OfficialFormatError(str(exc)) from None
+        return qdf, cdf
+
+
+class HotpotQA(OfficialSource):
+    """HotpotQA (distractor setting): plain JSON files on the authors' CMU server."""
+
+    tag = "hotpotqa"
+    urls = {
+        "train": "http://curtis.ml.cmu.edu/datasets/hotpot/hotpot_train_v1.1.json",
+        "dev": "http://curtis.ml.cmu.edu/datasets/hotpot/hotpot_dev_distractor_v1.json",
+    }
+    files = {"train": "hotpot_train_v1.1.json", "dev": "hotpot_dev_distractor_v1.json"}
+
+    def _parse(self, rec: Any, where: str) -> tuple[dict, list[tuple[str, str]]]:
+        return _hotpot_like(self.tag, rec, where)
+
+
+_TWOWIKI_ZIP = "https://www.dropbox.com/s/npidmtadreo6df2/data.zip?dl=1"
+
+
+class TwoWikiMultihopQA(OfficialSource):
+    """2WikiMultihopQA: one Dropbox zip (the "full dataset" link in the README of
+    github.com/Alab-NII/2wikimultihop) holding ``train.json`` / ``dev.json`` / ``test.json``."""
+
+    tag = "2wikimultihopqa"
+    urls = {"train": _TWOWIKI_ZIP, "dev": _TWOWIKI_ZIP}
+    files = {"train": "train.json", "dev": "dev.json"}
+
+    def _parse(self, rec: Any, where: str) -> tuple[dict, list[tuple[str, str]]]:
+        # some re-releases add aliases; the original has none
+        return _hotpot_like(self.tag, rec, where, alias_keys=("aliases", "answer_aliases"))
+
+
+_MUSIQUE_ZIP = "https://drive.google.com/uc?export=download&id=1tGdADlNjWFaHLeZZGShh2IRcpO6Lv24h"
+
+
+class MuSiQue(OfficialSource):
+    """MuSiQue-Answerable: ``musique_v1.0.zip`` on Google Drive (the file id used by
+    StonyBrookNLP/musique's ``download_data.sh``), holding ``data/musique_ans_v1.0_{train,dev}.jsonl``."""
+
+    tag = "musique"
+    urls = {"train": _MUSIQUE_ZIP, "dev": _MUSIQUE_ZIP}
+    files = {"train": "musique_ans_v1.0_train.jsonl", "dev": "musique_ans_v1.0_dev.jsonl"}
+
+    def _records(self, path: Path) -> Iterator[tuple[str, Any]]:
+        return _jsonl_records(path)
+
+    def _parse(self, rec: Any, where: str) -> tuple[dict, list[tuple[str, str]]] | None:
+        return _musique(rec, where)
+
+
+# ------------------------------------------------------------------ public API
+def read_official(source: str, path: Path, max_questions: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(questions, corpus)`` of one downloaded file of ``source`` (a registered name or a plugin reference)."""
+    reader = get_source(source)
+    if not reader.downloads:
+        raise ValueError(f"{source!r} generates its data: it has no file to read")
+    return reader.read(Path(path), max_questions)
 
 
 def convert_file(source: str, input_path: Path, out_dir: Path) -> tuple[int, int]:
@@ -428,28 +497,3 @@ def convert_file(source: str, input_path: Path, out_dir: Path) -> tuple[int, int
         questions.to_parquet(q_tmp, index=False)
         corpus.to_parquet(c_tmp, index=False)
     return len(questions), len(corpus)
-
-
-def split_questions(questions: pd.DataFrame, test_fraction: float, seed: int) -> pd.DataFrame:
-    """Assign ``split`` = "train" / "test" from a hash of (seed, id): stable under reordering and subsetting.
-
-    A question keeps its side whatever else is in the file, and no global RNG
-    is touched. When a set of two or more questions would land entirely on
-    one side, the question whose hash is nearest the cut moves over, so both
-    splits are non-empty.
-    """
-    if not 0.0 < test_fraction < 1.0:
-        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
-    u = np.array([_unit_hash(seed, qid) for qid in questions["id"]])
-    is_test = u < test_fraction
-    if len(u) >= 2 and (is_test.all() or not is_test.any()):
-        nearest = int(np.argmin(np.abs(u - test_fraction)))
-        is_test[nearest] = not is_test[nearest]
-    out = questions.copy()
-    out["split"] = np.where(is_test, "test", "train")
-    return out
-
-
-def _unit_hash(seed: int, qid: str) -> float:
-    """A uniform number in [0, 1) fixed by (seed, id)."""
-    return int.from_bytes(hashlib.sha256(f"{seed}\n{qid}".encode()).digest()[:8], "big") / 2**64

@@ -40,8 +40,9 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from agent_r1.config import SyntheticConfig
+from agent_r1.config import DataConfig, SyntheticConfig
 from agent_r1.data.schema import corpus_frame, questions_frame
+from agent_r1.data.sources import DataSource
 
 log = logging.getLogger(__name__)
 
@@ -752,3 +753,10 @@ def generate(cfg: SyntheticConfig, seed: int) -> tuple[pd.DataFrame, pd.DataFram
     log.info("synthetic world: %d entities (%d share a name), %d documents, %d train / %d test questions",
              len(world.entities), sum(world.shared_names.values()), len(corpus), len(train), len(test) + len(ood))
     return questions_frame(records, f"synthetic(seed={seed})"), corpus_frame(corpus, f"synthetic(seed={seed})")
+
+
+class SyntheticWorld(DataSource):
+    """``data.source: synthetic``: the generated world of this module (sizes: ``data.synthetic``)."""
+
+    def generate(self, data: DataConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
+        return generate(data.synthetic, data.seed)

