@@ -172,8 +172,12 @@ class ToolEnv:
         self.tools: dict[str, Tool] = {t.name: t for t in tools}
         self.cfg = cfg
         self.format: ActionFormat = get_format(cfg.format, tools)
-        self.system_prompt: str = self.format.system_prompt(tools, cfg.one_shot)
         self.example_messages: list[dict] = self.format.example_messages(tools) if cfg.one_shot else []
+        if cfg.one_shot and not self.example_messages:
+            # Documented fallback rather than an error: one_shot is on by default, and a tool set
+            # without an example still works (a larger model, or RL from scratch, needs none).
+            log.warning("env.one_shot: none of the tools %s has an example (Tool.example); running without one", names)
+        self.system_prompt: str = self.format.system_prompt(tools, bool(self.example_messages))
 
     # ---------------------------------------------------------- episode
     def reset(self, record: dict) -> Episode:
