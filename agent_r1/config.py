@@ -352,9 +352,13 @@ class EnvConfig(_Strict):
 
     @field_validator("tools")
     @classmethod
-    def _no_repeats(cls, v: list[str]) -> list[str]:
-        if repeated := sorted({t for t in v if v.count(t) > 1}):
-            raise ValueError(f"each tool may be listed once; repeated: {repeated}")
+    def _unique_tools(cls, v: list[str]) -> list[str]:
+        # The policy calls a tool by its `name`: two tools of one name could not both be called.
+        # A built-in's tool name is its registered name; a plugin's is its class's `name`
+        # (the plugin is already imported by the item check, so this costs nothing).
+        names = [TOOLS.meta(t, "name", t) for t in v]
+        if repeated := sorted({str(n) for n in names if names.count(n) > 1}):
+            raise ValueError(f"each tool name may appear once; repeated: {repeated} (from {v})")
         return v
 
 
