@@ -176,3 +176,31 @@ def test_repeated_tool_is_an_error() -> None:
         parse_params({"env": {"tools": ["search", "search"]}})
     with pytest.raises(ParamsError, match="env.tools: List should have at least 1 item"):
         parse_params({"env": {"tools": []}})
+
+
+@pytest.mark.slow  # ~5 s: builds a tiny model and runs a real episode
+def test_chat_runs_a_plugin_tool_set_without_an_index(
+    plugin: str, tmp_path: Path, policy_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`agent-r1 chat` builds its env with make_env: the plugin tools and reward, and no index to load."""
+    import torch
+    import yaml
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from agent_r1.cli import main
+
+    tok = AutoTokenizer.from_pretrained(policy_dir)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path / "policy")
+    tok.save_pretrained(tmp_path / "policy")
+    params = {"env": {"tools": [f"{plugin}:Calculator"], "max_turns": 2, "reward": {"scheme": f"{plugin}:my_reward"}},
+              "rollout": {"max_new_tokens": 8, "max_total_tokens": 512, "dtype": "float32"}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    rc = main(["chat", "What is 2 plus 3?", "--answer", "5", "--model", str(tmp_path / "policy"),
+               "--params", str(tmp_path / "params.yaml"), "--index", str(tmp_path / "no_index_here")])
+    out = capsys.readouterr().out
+    assert rc == 0 and "<calc>expression</calc>" in out and "<calc>6 * 7</calc>" in out
+    assert "outcome_reward=-1.0" in out  # the plugin's reward (paper would give -0.9 or an F1)
