@@ -132,11 +132,21 @@ def test_one_shot_without_any_example_falls_back_to_none(caplog: pytest.LogCaptu
     assert "none of the tools ['echo'] has an example" in caplog.text
 
 
-def test_search_without_an_index_is_a_clear_error() -> None:
+def test_search_index_given_loaded_or_not_at_all(tmp_path: Path) -> None:
     from agent_r1.env import make_env
+    from agent_r1.retrieval import load_index
 
-    with pytest.raises(ValueError, match="env.tools: tool 'search' needs a retrieval index"):
+    loaded = load_index(_index(tmp_path))
+    assert make_env(parse_params({}), index=loaded).tools["search"].index is loaded  # evaluation's: not loaded twice
+    with pytest.raises(ValueError, match="env.tools: tool 'search' needs a retrieval index, and none was given"):
         make_env(parse_params({}))
+
+
+def test_builtin_tools_are_called_by_their_registered_name() -> None:
+    """The params check takes a built-in's tool name to be its registered name (see EnvConfig.tools)."""
+    from agent_r1.registry import TOOLS
+
+    assert all(TOOLS.load(name).name == name for name in TOOLS.names())
 
 
 @pytest.mark.parametrize(

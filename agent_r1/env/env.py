@@ -21,6 +21,16 @@ Per turn, for each episode:
 * no action (plain text): the episode ends (``"no_action"``): the policy gave
   up, and another turn would just repeat it.
 
+Any tool set works, with or without search (``env.tools``; built by
+:func:`~agent_r1.env.make.make_env`). A result is rendered by type (a list of
+:class:`~agent_r1.retrieval.base.Hit` as numbered documents, a string as is,
+anything else as JSON), and only a list of hits counts toward the supporting
+documents found (and so toward the ``new_support_doc`` process reward). With
+``one_shot`` and no tool that has an example (``Tool.example``), the episode
+has no example turns and the system prompt does not mention one (a warning
+says so): the documented fallback rather than an error, since ``one_shot`` is
+on by default.
+
 The turn that reaches ``max_turns`` ends the episode (``"max_turns"``); its
 calls are validated and scored but not run, since no one could read the
 result. ``tool_calls`` counts every attempted call, a malformed turn as one;
