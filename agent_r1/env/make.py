@@ -24,11 +24,8 @@ def make_env(params: Params, index_path: str | Path | None = None, *, index: Sea
     source: IndexSource = index if index is not None else index_path
     if source is not None and not isinstance(source, SearchIndex) and any(c.needs_index for c in classes):
         source = load_index(source)
-    tools = [_build(params, i, cls, source) for i, cls in enumerate(classes)]
-    names = [t.name for t in tools]
-    if len(set(names)) != len(names):
-        raise ValueError(f"env.tools {params.env.tools}: the tools' names must be unique, got {names}")
-    return ToolEnv(tools, params.env)
+    # unique tool names: checked by the params check (EnvConfig.tools) and again by ToolEnv
+    return ToolEnv([_build(params, i, cls, source) for i, cls in enumerate(classes)], params.env)
 
 
 def _build(params: Params, i: int, cls: type[Tool], source: IndexSource) -> Tool:
