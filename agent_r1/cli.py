@@ -91,8 +91,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _chat(args: argparse.Namespace) -> int:
     """One episode of a policy in the ToolEnv, printed span by span with masks and rewards."""
     from agent_r1.config import ParamsError, load_params
-    from agent_r1.env import SearchTool, ToolEnv
-    from agent_r1.retrieval import load_index
+    from agent_r1.env import make_env
     from agent_r1.rollout import make_rollout_engine, run_episodes
     from agent_r1.rollout.inspect import render
 
@@ -101,9 +100,10 @@ def _chat(args: argparse.Namespace) -> int:
     except ParamsError as exc:
         print(exc, file=sys.stderr)
         return 2
-    env_cfg = params.env if args.one_shot is None else params.env.model_copy(update={"one_shot": args.one_shot})
+    if args.one_shot is not None:
+        params = params.model_copy(update={"env": params.env.model_copy(update={"one_shot": args.one_shot})})
     engine = make_rollout_engine(args.model, params.rollout)
-    env = ToolEnv([SearchTool(load_index(_index_arg(args, params)), env_cfg.top_k)], env_cfg)
+    env = make_env(params, _index_arg(args, params))
     record = {"id": "chat", "question": args.question, "answers": args.answer or [""],
               "supporting_titles": [], "type": "chat", "source": "chat"}
     rollout = params.rollout.model_copy(update={"n": 1, "seed": args.seed})

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -27,7 +29,7 @@ from pydantic import (
 )
 
 from agent_r1.paths import REMOTE_INDEX_SCHEMES
-from agent_r1.registry import DATA_SOURCES, is_plugin
+from agent_r1.registry import DATA_SOURCES, FORMATS, REWARDS, TOOLS, Registry, is_plugin
 
 DEFAULT_PARAMS = Path("params.yaml")
 
@@ -342,9 +344,20 @@ class ProcessRewardConfig(_Strict):
     only_if_answered: bool = Field(True, description="positive process rewards only in episodes that answer")
 
 
+def _registered(registry: Registry) -> Callable[[str], str]:
+    """A validator: the value names an entry of ``registry`` (a built-in or a ``package.module:Name`` plugin)."""
+
+    def check(value: str) -> str:
+        if (problem := registry.problem(value)) is not None:
+            raise ValueError(problem)
+        return value
+
+    return check
+
+
 class RewardConfig(_Strict):
-    scheme: Literal["paper", "answer_only", "answer_plus_format"] = Field(
-        "paper", description="paper: answer score if the format is valid, else format_score - 1"
+    scheme: Annotated[str, AfterValidator(_registered(REWARDS))] = Field(
+        "paper", description="paper: answer score if the format is valid, else format_score - 1; or package.module:fn"
     )
     answer_metric: Literal["em", "f1"] = Field("f1", description="f1 gives partial credit: a denser signal")
     format_score: float = Field(0.1, ge=0.0, le=1.0)
@@ -352,7 +365,12 @@ class RewardConfig(_Strict):
 
 
 class EnvConfig(_Strict):
-    format: Literal["tags", "tool_call"] = "tags"
+    format: Annotated[str, AfterValidator(_registered(FORMATS))] = "tags"
+    tools: list[Annotated[str, AfterValidator(_registered(TOOLS))]] = Field(
+        default_factory=lambda: ["search"],
+        min_length=1,
+        description="the agent's tools, by registered name or package.module:Name (a Tool subclass)",
+    )
     max_turns: int = Field(4, ge=1, le=32, description="assistant turns per episode")
     top_k: int = Field(3, ge=1, le=100, description="documents each search returns to the agent (and Naive RAG)")
     one_shot: bool = Field(True, description="put a one-shot example conversation in the system prompt")
@@ -360,6 +378,17 @@ class EnvConfig(_Strict):
     # le: threading's join overflows above ~9e9 s, and an hour already stalls a whole rollout step
     tool_timeout_s: float = Field(10.0, gt=0.0, le=3600.0)
     reward: RewardConfig = RewardConfig()
+
+    @field_validator("tools")
+    @classmethod
+    def _unique_tools(cls, v: list[str]) -> list[str]:
+        # The policy calls a tool by its `name`: two tools of one name could not both be called.
+        # A built-in's tool name is its registered name; a plugin's is its class's `name`
+        # (the plugin is already imported by the item check, so this costs nothing).
+        names = [TOOLS.meta(t, "name", t) for t in v]
+        if repeated := sorted({str(n) for n in names if names.count(n) > 1}):
+            raise ValueError(f"each tool name may appear once; repeated: {repeated} (from {v})")
+        return v
 
 
 # -------------------------------------------------------------------- rollout

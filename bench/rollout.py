@@ -83,8 +83,8 @@ def play(engine, env, records: list[dict], cfg) -> dict:
 
 def measure(args: argparse.Namespace, engine_kind: str, dtype: str, batch_size: int) -> dict:
     """One configuration, start to end, in this (fresh) process."""
-    from agent_r1.config import EnvConfig, RetrievalConfig
-    from agent_r1.env import SearchTool, ToolEnv
+    from agent_r1.config import EnvConfig, Params, RetrievalConfig
+    from agent_r1.env import make_env
     from agent_r1.retrieval import build_index
     from agent_r1.rollout import make_rollout_engine
 
@@ -96,7 +96,7 @@ def measure(args: argparse.Namespace, engine_kind: str, dtype: str, batch_size: 
     load_s = time.perf_counter() - start
     with tempfile.TemporaryDirectory() as tmp:
         index = build_index("bm25", corpus, Path(tmp) / "bm25", RetrievalConfig())
-        env = ToolEnv([SearchTool(index, top_k=3)], EnvConfig(max_turns=args.max_turns))
+        env = make_env(Params(env=EnvConfig(max_turns=args.max_turns, top_k=3)), index=index)
         play(engine, env, records[-2:], cfg.model_copy(update={"batch_size": min(batch_size, 4)}))  # warm-up
         if engine_kind == "vllm":  # as after a weight sync: nothing of these episodes cached
             engine.llm.reset_prefix_cache()

@@ -95,13 +95,6 @@ def load_records(args: argparse.Namespace) -> list[dict]:
     return df.head(args.questions).to_dict("records")
 
 
-def make_env(params: Any, index: Path) -> Any:
-    from agent_r1.env import SearchTool, ToolEnv
-    from agent_r1.retrieval import load_index
-
-    return ToolEnv([SearchTool(load_index(index), params.env.top_k)], params.env)
-
-
 def peak_rss_gib() -> float:
     """This process's peak resident set (VmHWM), in GiB."""
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -124,6 +117,7 @@ def check_template(tokenizer: Any, env: Any, records: list[dict]) -> None:
 # ------------------------------------------------------------------ our side
 def run_ours(args: argparse.Namespace, workload: str) -> dict[str, Any]:
     """One ``train_step`` of the pipeline (rollout, logprobs, update, weight sync) on the benchmark's params."""
+    from agent_r1.env import make_env
     from agent_r1.rollout import make_rollout_engine
     from agent_r1.training.distributed import init_distributed
     from agent_r1.training.trainer import Rollout, build_engines, train_step
@@ -286,6 +280,8 @@ def run_trl(args: argparse.Namespace, workload: str) -> dict[str, Any]:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl.chat_template_utils import qwen3_template
+
+    from agent_r1.env import make_env
 
     params, records = bench_params(args, workload), load_records(args)
     start = time.monotonic()

@@ -123,7 +123,7 @@ def test_tags_system_prompt_example_and_observations() -> None:
         ParsedAction(answer="Quorvale"),
     ]
     assert all(m["content"].startswith("<information>Doc 1 (") for m in example[2::2])
-    assert TAGS.example_messages([Lookup()]) == []  # nothing to show without a search tool
+    assert TAGS.example_messages([Lookup()]) == []  # nothing to show: no tool of the set has an example
     assert TAGS.observation_role == "user" and not TAGS.uses_template_tools
     assert TAGS.stop_strings == ["</search>", "</answer>"]
     assert TAGS.format_observation(["r1", "r2"]) == "<information>r1</information>\n<information>r2</information>"

@@ -1,4 +1,4 @@
-"""The agent's environment: tools, action formats, rewards and ToolEnv (Agent-R1's Tool / ToolEnv split)."""
+"""The agent's environment: tools, action formats, rewards, ToolEnv (Agent-R1's Tool / ToolEnv split) and make_env."""
 
 from agent_r1.env.env import TERMINATIONS, Episode, StepResult, ToolEnv, render_result
 from agent_r1.env.formats import (
@@ -10,6 +10,7 @@ from agent_r1.env.formats import (
     ToolCallFormat,
     get_format,
 )
+from agent_r1.env.make import make_env
 from agent_r1.env.rewards import (
     exact_match,
     f1_score,
@@ -17,7 +18,7 @@ from agent_r1.env.rewards import (
     normalize_answer,
     outcome_reward,
 )
-from agent_r1.env.tools import SearchTool, Tool
+from agent_r1.env.tools import SearchTool, Tool, ToolExample
 
 __all__ = [
     "MAX_CALLS_PER_TURN",
@@ -32,10 +33,12 @@ __all__ = [
     "ToolCall",
     "ToolCallFormat",
     "ToolEnv",
+    "ToolExample",
     "exact_match",
     "f1_score",
     "finalize_process_rewards",
     "get_format",
+    "make_env",
     "normalize_answer",
     "outcome_reward",
     "render_result",

@@ -21,6 +21,16 @@ Per turn, for each episode:
 * no action (plain text): the episode ends (``"no_action"``): the policy gave
   up, and another turn would just repeat it.
 
+Any tool set works, with or without search (``env.tools``; built by
+:func:`~agent_r1.env.make.make_env`). A result is rendered by type (a list of
+:class:`~agent_r1.retrieval.base.Hit` as numbered documents, a string as is,
+anything else as JSON), and only a list of hits counts toward the supporting
+documents found (and so toward the ``new_support_doc`` process reward). With
+``one_shot`` and no tool that has an example (``Tool.example``), the episode
+has no example turns and the system prompt does not mention one (a warning
+says so): the documented fallback rather than an error, since ``one_shot`` is
+on by default.
+
 The turn that reaches ``max_turns`` ends the episode (``"max_turns"``); its
 calls are validated and scored but not run, since no one could read the
 result. ``tool_calls`` counts every attempted call, a malformed turn as one;
@@ -172,8 +182,12 @@ class ToolEnv:
         self.tools: dict[str, Tool] = {t.name: t for t in tools}
         self.cfg = cfg
         self.format: ActionFormat = get_format(cfg.format, tools)
-        self.system_prompt: str = self.format.system_prompt(tools, cfg.one_shot)
         self.example_messages: list[dict] = self.format.example_messages(tools) if cfg.one_shot else []
+        if cfg.one_shot and not self.example_messages:
+            # Documented fallback rather than an error: one_shot is on by default, and a tool set
+            # without an example still works (a larger model, or RL from scratch, needs none).
+            log.warning("env.one_shot: none of the tools %s has an example (Tool.example); running without one", names)
+        self.system_prompt: str = self.format.system_prompt(tools, bool(self.example_messages))
 
     # ---------------------------------------------------------- episode
     def reset(self, record: dict) -> Episode:

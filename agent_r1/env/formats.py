@@ -14,9 +14,12 @@ and renders observations; it never executes anything. Two formats:
   template's ``tools=``; observations go in ``tool`` messages.
 
 One-shot example (``env.one_shot``): :meth:`ActionFormat.example_messages`
-gives one worked 2-hop conversation about fictional entities (two searches,
-their observations, the answer) as real chat turns placed between the system
-prompt and the question. Not as text inside the system prompt: measured with
+gives one worked conversation (for the search tool, a 2-hop question about
+fictional entities: two searches, their observations, the answer) as real chat
+turns placed between the system prompt and the question. The example is the
+tool's (:attr:`Tool.example <agent_r1.env.tools.Tool.example>`): the first tool
+of the set that has one; with none, there is no example and the system prompt
+does not mention one. Not as text inside the system prompt: measured with
 SmolLM2-135M (16 samples each, temperature 1), the example written inline in
 the system prompt gave 0 of 48 turns opening with ``<search>``, the same
 example as chat turns 8 of 16 (no example at all: 0 of 32).
@@ -48,19 +51,13 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from agent_r1.registry import FORMATS
+
 if TYPE_CHECKING:
     from agent_r1.env.tools import Tool
 
 MAX_CALLS_PER_TURN = 3
 
-# The one-shot example: a 2-hop question about fictional entities, so the
-# example teaches the procedure, not facts the model could memorise.
-EXAMPLE_QUESTION = "In which city was the founder of Velmora Labs born?"
-EXAMPLE_SEARCHES: list[tuple[str, str]] = [
-    ("Velmora Labs founder", "Doc 1 (Velmora Labs): Velmora Labs is a robotics company founded by Ilsa Brandt."),
-    ("Ilsa Brandt", "Doc 1 (Ilsa Brandt): Ilsa Brandt is an engineer born in Quorvale."),
-]
-EXAMPLE_ANSWER = "Quorvale"
 ANSWER_TAG = "answer"
 _QUOTE_CHARS = 60  # how much of a bad fragment an error message quotes back to the model
 
@@ -135,12 +132,20 @@ def action_from_blocks(answers: list[str], calls: list[ToolCall]) -> ParsedActio
 
 
 class ActionFormat(ABC):
-    """Parses a turn and renders observations; see the module docstring for the rules."""
+    """Parses a turn and renders observations; see the module docstring for the rules.
+
+    ``env.format`` names a registered format or a user's own subclass
+    (``package.module:Name``); it is built as ``cls(tools)`` with the env's tools
+    (or ``None``: then the built-in search tool's shape).
+    """
 
     name: str
     stop_strings: list[str]
     observation_role: str
     uses_template_tools: bool
+
+    def __init__(self, tools: list[Tool] | None = None):
+        del tools  # a format whose parsing depends on the tools (tags) overrides this
 
     def parse(self, text: str) -> ParsedAction:
         """Parse one turn's text. Never raises: anything unexpected becomes ``error``."""
@@ -166,15 +171,20 @@ class ActionFormat(ABC):
     def render_call(self, call: ToolCall) -> str:
         """How the policy writes ``call`` in this format (used for the one-shot example)."""
 
+    def render_answer(self, answer: str) -> str:
+        """How the policy writes its final answer in this format."""
+        return f"<{ANSWER_TAG}>{answer}</{ANSWER_TAG}>"
+
     def example_messages(self, tools: list[Tool]) -> list[dict[str, str]]:
-        """The one-shot example as chat messages (empty when there is no search tool to show)."""
-        if "search" not in {t.name for t in tools}:
+        """The one-shot example of the first tool that has one, as chat messages (empty when none has)."""
+        tool = next((t for t in tools if t.example is not None), None)
+        if tool is None or tool.example is None:
             return []
-        messages = [{"role": "user", "content": self.user_prompt(EXAMPLE_QUESTION)}]
-        for query, doc in EXAMPLE_SEARCHES:
-            messages.append({"role": "assistant", "content": self.render_call(ToolCall("search", {"query": query}))})
-            messages.append({"role": self.observation_role, "content": self.format_observation([doc])})
-        messages.append({"role": "assistant", "content": f"<{ANSWER_TAG}>{EXAMPLE_ANSWER}</{ANSWER_TAG}>"})
+        messages = [{"role": "user", "content": self.user_prompt(tool.example.question)}]
+        for args, observation in tool.example.calls:
+            messages.append({"role": "assistant", "content": self.render_call(ToolCall(tool.name, dict(args)))})
+            messages.append({"role": self.observation_role, "content": self.format_observation([observation])})
+        messages.append({"role": "assistant", "content": self.render_answer(tool.example.answer)})
         return messages
 
     @abstractmethod
@@ -281,9 +291,6 @@ class ToolCallFormat(ActionFormat):
     uses_template_tools = True
     stop_strings = [f"</{_TOOL_CALL_TAG}>", f"</{ANSWER_TAG}>"]
 
-    def __init__(self, tools: list[Tool] | None = None):
-        del tools  # tools reach the model through the chat template, not the parser
-
     def _parse(self, text: str) -> ParsedAction:
         blocks, error = tag_blocks(text, [_TOOL_CALL_TAG, ANSWER_TAG])
         if error is not None:
@@ -320,11 +327,8 @@ class ToolCallFormat(ActionFormat):
         return "\n</tool_response>\n<tool_response>\n".join(results)
 
 
-FORMATS: dict[str, type[ActionFormat]] = {"tags": TagFormat, "tool_call": ToolCallFormat}
-
-
 def get_format(name: str, tools: list[Tool] | None = None) -> ActionFormat:
-    """The format called ``name`` (``env.format`` in params.yaml), set up for ``tools``."""
-    if name not in FORMATS:
-        raise ValueError(f"unknown action format {name!r}; expected one of {sorted(FORMATS)}")
-    return FORMATS[name](tools)
+    """The format ``name`` (``env.format``: a name in ``agent_r1.registry.FORMATS`` or a plugin), set up for ``tools``."""
+    if (problem := FORMATS.problem(name)) is not None:
+        raise ValueError(problem)
+    return FORMATS.load(name)(tools)

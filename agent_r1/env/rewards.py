@@ -8,6 +8,12 @@ the gold aliases, 0 when there is no answer; ``f`` = ``format_score``;
 * ``answer_only``:                ``s``
 * ``answer_plus_format``:         ``s + f``        if valid, else ``s`` (= 0)
 
+Each is a function here (:func:`paper_reward`, ...) registered by name in
+``agent_r1.registry.REWARDS``; ``env.reward.scheme`` names one, or a user's own
+``package.module:fn`` with the same signature
+``fn(answer, golds, format_valid, cfg) -> float`` (``answer`` is None when the
+episode never answered; ``cfg`` is the whole ``env.reward`` group).
+
 ``paper`` is Agent-R1's released QA reward (``compute_score_format_answer``:
 ``-1 + format + answer`` when the format reward is full, else ``-1 + format``),
 with its partial format credit reduced to the constant ``f`` because our env
@@ -38,6 +44,7 @@ import string
 from collections import Counter
 
 from agent_r1.config import ProcessRewardConfig, RewardConfig
+from agent_r1.registry import REWARDS
 
 _PUNCTUATION = set(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -82,16 +89,29 @@ def answer_score(answer: str | None, golds: list[str], metric: str) -> float:
     raise ValueError(f"unknown answer metric {metric!r}; expected 'em' or 'f1'")
 
 
+def paper_reward(answer: str | None, golds: list[str], format_valid: bool, cfg: RewardConfig) -> float:
+    """``s`` if ``format_valid``, else ``format_score - 1`` (``s`` = :func:`answer_score` by ``cfg.answer_metric``)."""
+    return answer_score(answer, golds, cfg.answer_metric) if format_valid else cfg.format_score - 1.0
+
+
+def answer_only_reward(answer: str | None, golds: list[str], format_valid: bool, cfg: RewardConfig) -> float:
+    """``s``, whatever the format (``s`` = :func:`answer_score` by ``cfg.answer_metric``)."""
+    del format_valid  # the scheme ignores it by definition
+    return answer_score(answer, golds, cfg.answer_metric)
+
+
+def answer_plus_format_reward(answer: str | None, golds: list[str], format_valid: bool, cfg: RewardConfig) -> float:
+    """``s + format_score`` if ``format_valid``, else ``s`` (= 0: no valid answer turn, no answer)."""
+    return answer_score(answer, golds, cfg.answer_metric) + (cfg.format_score if format_valid else 0.0)
+
+
 def outcome_reward(answer: str | None, golds: list[str], format_valid: bool, cfg: RewardConfig) -> float:
-    """The episode's outcome reward under ``cfg.scheme`` (formulas in the module docstring)."""
-    s = answer_score(answer, golds, cfg.answer_metric)
-    if cfg.scheme == "paper":
-        return s if format_valid else cfg.format_score - 1.0
-    if cfg.scheme == "answer_only":
-        return s
-    if cfg.scheme == "answer_plus_format":
-        return s + (cfg.format_score if format_valid else 0.0)
-    raise ValueError(f"unknown reward scheme {cfg.scheme!r}")
+    """The episode's outcome reward: the function ``cfg.scheme`` names in the REWARDS registry.
+
+    Called by keyword, the names the registry checks a plugin's signature for.
+    """
+    scheme = REWARDS.load(cfg.scheme)
+    return float(scheme(answer=answer, golds=golds, format_valid=format_valid, cfg=cfg))
 
 
 def turn_process_reward(valid_calls: int, new_support_docs: int, invalid_calls: int, cfg: ProcessRewardConfig) -> float:

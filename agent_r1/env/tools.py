@@ -7,6 +7,12 @@ the step. A tool only declares what it accepts (``parameters``, a JSON schema
 of the arguments object, which is also what the chat template's ``tools=``
 shows a tool-calling model) and does the work.
 
+A tool is built from the params by :meth:`Tool.from_params` (by default
+``cls()``), so ``env.tools`` in ``params.yaml`` can name a user's own
+``package.module:Name`` subclass; :func:`~agent_r1.env.make.make_env` builds the
+tool set every flow uses. A tool that reads the retrieval index sets
+``needs_index``; one that brings a worked one-shot example sets ``example``.
+
 A tool that cannot work for a reason that is not the agent's (its server is
 down or answers garbage) raises :class:`ToolInfrastructureError`: the env
 re-raises it and the run stops, instead of scoring an invalid call that would
@@ -16,9 +22,19 @@ quietly poison the rewards.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from agent_r1.retrieval import load_index
 from agent_r1.retrieval.base import Hit, SearchIndex
+
+if TYPE_CHECKING:
+    from agent_r1.config import Params
+
+# Where a tool finds the retrieval index: a folder or server URL, the index already
+# loaded (make_env loads it once for every tool that needs it), or None (none given).
+IndexSource = str | Path | SearchIndex | None
 
 # JSON-schema type name -> Python types. bool is excluded from the numeric
 # types on purpose: ``True`` is an int in Python but not a number in JSON.
@@ -53,19 +69,36 @@ class ToolInfrastructureError(RuntimeError):
     """
 
 
+@dataclass(frozen=True)
+class ToolExample:
+    """A worked one-shot example of a tool: a question, each call's arguments with the
+    observation text it gives, and the final answer (shown as chat turns, see
+    :meth:`~agent_r1.env.formats.ActionFormat.example_messages`)."""
+
+    question: str
+    calls: tuple[tuple[dict[str, Any], str], ...]
+    answer: str
+
+
 class Tool(ABC):
     """One atomic action the agent can take.
 
     Subclasses set ``name``, ``description`` and ``parameters`` (a JSON schema
     with ``"type": "object"``, ``properties`` and ``required``) and implement
-    :meth:`execute`. Override :meth:`validate` to add checks beyond the schema
-    and :meth:`batch_execute` when many calls are cheaper together (one batched
-    index lookup instead of 32).
+    :meth:`execute`, which may return any value: a string is shown as is, a list
+    of :class:`Hit` as numbered documents, anything else as JSON. Override
+    :meth:`validate` to add checks beyond the schema, :meth:`batch_execute` when
+    many calls are cheaper together (one batched index lookup instead of 32), and
+    :meth:`from_params` when the tool needs settings or the index.
     """
 
     name: str
     description: str
     parameters: dict[str, Any]
+    # True when from_params needs the retrieval index: a tool set without such a tool needs none.
+    needs_index: ClassVar[bool] = False
+    # The one-shot example (env.one_shot) this tool can show; None: the tool has none.
+    example: ClassVar[ToolExample | None] = None
     # Seconds within which the tool's backend gives up by itself (a client that retries with backoff),
     # or None. The env then waits that long beyond env.tool_timeout_s, so a dead backend reports its own
     # named error, and treats an overrun as an infrastructure failure rather than the agent's.
@@ -94,6 +127,13 @@ class Tool(ABC):
                 if problem is not None:
                     return f"argument {key!r} of {self.name!r} {problem}"
         return None
+
+    @classmethod
+    def from_params(cls, params: Params, index_path: IndexSource) -> Tool:
+        """The tool configured by ``params``; ``index_path`` is where the index lives (see
+        :data:`IndexSource`). The default takes no settings: ``cls()``."""
+        del params, index_path
+        return cls()
 
     @abstractmethod
     def execute(self, args: dict[str, Any]) -> Any:
@@ -129,6 +169,18 @@ class SearchTool(Tool):
         "required": ["query"],
     }
     max_query_chars = 500  # a longer "query" is the model rambling, and costs retrieval time
+    needs_index = True
+    # A 2-hop question about fictional entities, so the example teaches the
+    # procedure, not facts the model could memorise.
+    example = ToolExample(
+        question="In which city was the founder of Velmora Labs born?",
+        calls=(
+            ({"query": "Velmora Labs founder"},
+             "Doc 1 (Velmora Labs): Velmora Labs is a robotics company founded by Ilsa Brandt."),
+            ({"query": "Ilsa Brandt"}, "Doc 1 (Ilsa Brandt): Ilsa Brandt is an engineer born in Quorvale."),
+        ),
+        answer="Quorvale",
+    )
 
     def __init__(self, index: SearchIndex, top_k: int):
         if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
@@ -136,6 +188,15 @@ class SearchTool(Tool):
         self.index = index
         self.top_k = top_k
         self.backend_deadline_s = getattr(index, "deadline_s", None)
+
+    @classmethod
+    def from_params(cls, params: Params, index_path: IndexSource) -> SearchTool:
+        """Search the index at ``index_path`` (loaded here unless already loaded) for ``env.top_k`` hits."""
+        if index_path is None:
+            raise ValueError(f"env.tools: tool {cls.name!r} needs a retrieval index, and none was given")
+        if isinstance(index_path, SearchIndex):
+            return cls(index_path, params.env.top_k)
+        return cls(load_index(index_path), params.env.top_k)
 
     def validate(self, args: Any) -> str | None:
         problem = super().validate(args)

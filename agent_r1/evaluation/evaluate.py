@@ -47,11 +47,11 @@ def evaluate_policy(
     model_path: Path, index: SearchIndex, records: list[dict[str, Any]], params: Params, method: str
 ) -> dict[str, Any]:
     """Greedy multi-turn episodes of the policy at ``model_path`` in the ToolEnv."""
-    from agent_r1.env import SearchTool, ToolEnv
+    from agent_r1.env import make_env
     from agent_r1.rollout import make_rollout_engine, run_episodes
 
     engine = make_rollout_engine(model_path, params.rollout)
-    env = ToolEnv([SearchTool(index, params.env.top_k)], params.env)
+    env = make_env(params, index=index)
     infos: list[dict[str, Any]] = []
     chunk = max(1, params.rollout.batch_size)
     for batch in tqdm(list(_chunks(records, chunk)), desc=f"evaluate {method}", unit="batch"):

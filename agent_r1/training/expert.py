@@ -13,28 +13,23 @@ the next action of that question's plan.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
+from agent_r1.env.formats import ToolCall, get_format
+from agent_r1.env.tools import SearchTool
 from agent_r1.rollout.engine import GenerationEngine, GenerationOutput
 
 
 def expert_plan(record: dict[str, Any], fmt_name: str) -> list[str]:
-    """The gold actions of a record: search each sub-query, then answer."""
+    """The gold actions of a record: search each sub-query, then answer, written as the
+    action format ``fmt_name`` (``env.format``) writes them."""
+    fmt = get_format(fmt_name)  # without tools: the search tool's shape, all the expert uses
     # parquet gives numpy arrays: test emptiness by length, not truthiness
     sub_queries = record.get("sub_queries")
     hops = sub_queries if sub_queries is not None and len(sub_queries) else record["supporting_titles"]
-    queries = [str(q) for q in hops]
-    answer = str(list(record["answers"])[0])
-    if fmt_name == "tool_call":
-        calls = [
-            "<tool_call>" + json.dumps({"name": "search", "arguments": {"query": q}}) + "</tool_call>"
-            for q in queries
-        ]
-    else:
-        calls = [f"<search>{q}</search>" for q in queries]
-    return [*calls, f"<answer>{answer}</answer>"]
+    calls = [fmt.render_call(ToolCall(SearchTool.name, {"query": str(q)})) for q in hops]
+    return [*calls, fmt.render_answer(str(list(record["answers"])[0]))]
 
 
 class ExpertEngine(GenerationEngine):

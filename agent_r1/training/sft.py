@@ -65,14 +65,13 @@ def keep_grounded(batch: TrajectoryBatch) -> list[int]:
 def train_sft(
     params: Params, *, init_model: Path, index_path: Path, train_questions: list[dict], out_model: Path
 ) -> dict[str, Any]:
-    from agent_r1.env import SearchTool, ToolEnv
-    from agent_r1.retrieval import load_index
+    from agent_r1.env import make_env
     from transformers import AutoTokenizer
 
     cfg = params.sft
     torch.manual_seed(cfg.seed)
     tokenizer = AutoTokenizer.from_pretrained(init_model)
-    env = ToolEnv([SearchTool(load_index(index_path), params.env.top_k)], params.env)
+    env = make_env(params, index_path)
     demos = expert_demonstrations(params, tokenizer, env, select_demo_questions(train_questions, params))
     rows = keep_grounded(demos)
     log.info("%d of %d expert demonstrations are grounded; training on them", len(rows), len(demos))

@@ -555,8 +555,7 @@ def train_rl(
     Returns ``{"steps", "start_step", "last"}``: ``last`` is the final step's
     metrics, also when every step was restored from a checkpoint.
     """
-    from agent_r1.env import SearchTool, ToolEnv
-    from agent_r1.retrieval import load_index
+    from agent_r1.env import make_env
     from agent_r1.rollout import make_rollout_engine
 
     rank, world = init_distributed()
@@ -568,7 +567,7 @@ def train_rl(
 
     engines = build_engines(params, init_model)
     rollout_engine = make_rollout_engine(init_model, params.rollout)
-    env = ToolEnv([SearchTool(load_index(index_path), params.env.top_k)], params.env)
+    env = make_env(params, index_path)
     rollout = Rollout(rollout_engine, env, rollout_engine.tokenizer)
 
     start_step, history = restore(engines, rollout_engine, checkpoint_dir, fingerprint, cfg, world)
