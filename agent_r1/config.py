@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from agent_r1.paths import REMOTE_INDEX_SCHEMES
+from agent_r1.registry import ESTIMATORS
 
 DEFAULT_PARAMS = Path("params.yaml")
 
@@ -370,14 +371,14 @@ class RolloutConfig(_Strict):
 
 
 # ------------------------------------------------------------ algorithm/train
-Estimator = Literal["ppo", "grpo", "reinforce_pp", "reinforce_pp_baseline", "rloo"]
 LossAgg = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
 
 
 class AlgorithmConfig(_Strict):
-    """The RL objective. ``ppo`` = GAE with a critic; the others are critic-free."""
+    """The RL objective. ``name``: an advantage estimator of :data:`agent_r1.registry.ESTIMATORS`
+    (``ppo`` = GAE with a critic; the other built-ins are critic-free) or a plugin ``package.module:fn``."""
 
-    name: Estimator = "grpo"
+    name: str = "grpo"
     gamma: float = Field(1.0, ge=0.0, le=1.0)
     lam: float = Field(1.0, ge=0.0, le=1.0)
     loss_mask: bool = Field(True, description="policy loss on the agent's own tokens only (paper)")
@@ -392,6 +393,13 @@ class AlgorithmConfig(_Strict):
     entropy_coef: float = Field(0.0, ge=0.0)
     loss_agg: LossAgg = "token-mean"
     norm_by_std: bool = Field(True, description="GRPO: divide by the group's std")
+
+    @field_validator("name")
+    @classmethod
+    def _known_estimator(cls, v: str) -> str:
+        if (problem := ESTIMATORS.problem(v)) is not None:
+            raise ValueError(problem)
+        return v
 
 
 class TrainConfig(_Strict):
