@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from agent_r1.config import Params, RetrievalConfig, SyntheticConfig
+from agent_r1.config import AlgorithmConfig, Params, RetrievalConfig, SyntheticConfig
 from agent_r1.data.synthetic import generate
 from agent_r1.env import SearchTool, ToolEnv
 from agent_r1.retrieval import build_index, load_index
@@ -150,6 +150,42 @@ def test_grpo_step_moves_logprobs_towards_the_better_sample(tiny_policy: Path) -
     after = seq_logprob()
     assert after[0] > before[0] and after[1] < before[1]
     assert metrics["clipfrac"] == 0.0  # exactly on-policy: ratio 1
+
+
+PLUGIN_ESTIMATORS = """
+def td_error(token_rewards, values, action_mask):
+    return (token_rewards - values) * action_mask, token_rewards
+
+td_error.needs_critic = True
+
+def outcome(token_rewards, action_mask):
+    adv = token_rewards.sum(-1, keepdim=True) * action_mask
+    return adv, adv
+"""
+
+
+def test_a_plugin_estimator_trains_with_a_critic_when_it_asks_for_one(
+    tiny_policy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``algorithm.name: module:fn`` from the user's code: its ``needs_critic`` decides the critic."""
+    (tmp_path / "user_estimators.py").write_text(PLUGIN_ESTIMATORS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ids = torch.randint(10, 1000, (2, 12))
+    action = torch.zeros(2, 12, dtype=torch.long)
+    action[:, 4:10] = 1
+    rewards = torch.zeros(2, 12)
+    rewards[0, 9] = 1.0
+    batch = TrajectoryBatch(
+        input_ids=ids, attention_mask=torch.ones_like(ids), action_mask=action,
+        turn_index=torch.where(action.bool(), 0, -1), token_rewards=rewards, rollout_logprobs=torch.zeros(2, 12),
+        group_id=torch.tensor([0, 0]), prompt_length=torch.tensor([4, 4]), info=[{}, {}],
+    )
+    for name, critic in (("user_estimators:td_error", True), ("user_estimators:outcome", False)):
+        params = tiny_params().model_copy(update={"algorithm": AlgorithmConfig(name=name, kl_coef=0.0)})
+        engines = build_engines(params, tiny_policy)
+        assert (engines.critic is not None) is critic, name
+        metrics = rl_step(params, engines, batch)
+        assert ("value_loss" in metrics) is critic and metrics["advantage_abs"] > 0, name
 
 
 def test_train_rl_runs_checkpoints_resumes_and_exports(world, tiny_policy: Path, tmp_path: Path) -> None:
