@@ -73,8 +73,8 @@ from agent_r1.training.logprobs import (
     computed_positions,
     equalize_micro_batches,
     micro_batches,
-    packed_token_logprobs,
     select_rows,
+    token_logprobs,
 )
 from agent_r1.training.models import ValueModel, load_policy
 
@@ -322,19 +322,6 @@ def _accumulate(sums: dict[str, float], metrics: dict[str, Any], weight: float) 
         sums[k] = sums.get(k, 0.0) + float(v) * weight
 
 
-def actor_logprobs(
-    actor: Any, t: dict[str, torch.Tensor], temperature: float, entropy: bool, packed: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The actor's ``(logprobs, entropy)`` of one micro-batch (padded rows), scored under ``t['mask']``;
-    ``packed``: computed as one packed row, without padding (same values)."""
-    if packed:
-        return packed_token_logprobs(
-            actor, t["input_ids"], t["attention_mask"], temperature=temperature, return_entropy=entropy,
-            score_mask=t["mask"],
-        )
-    return actor(t["input_ids"], t["attention_mask"], temperature, entropy, score_mask=t["mask"])
-
-
 def padding_share(lengths: list[int], groups: list[list[int]], packed: bool) -> float:
     """Padded positions computed / real tokens, over the real (non-placeholder) micro-batches."""
     groups = [g for g in groups if g]
@@ -350,7 +337,7 @@ MicroLoss = Callable[[dict[str, torch.Tensor], float, float, float], tuple[torch
 def run_minibatches(
     engine: Any, tensors: dict[str, torch.Tensor], schedule: Iterator[tuple[list[int], list[list[int]]]],
     world: int, micro_loss: MicroLoss, *, grad_norm: bool = False,
-) -> tuple[dict[str, float], list[list[int]]]:
+) -> tuple[dict[str, float], list[list[int]], float]:
     """The update loop of the actor and the critic: per mini-batch of ``schedule``
     (:func:`minibatches`), each micro-batch's ``micro_loss`` backpropagated, then one optimizer step.
 
@@ -358,12 +345,14 @@ def run_minibatches(
     tokens, so the accumulated gradient is exactly that of the mini-batch's
     token mean. A micro-batch's metrics are weighted by its share of it, then
     averaged over the optimizer steps (with the engine's gradient norm when
-    ``grad_norm``). Returns (those metrics, the micro-batches run).
+    ``grad_norm``). Returns (those metrics, the micro-batches run, the seconds
+    spent in the optimizer steps).
     """
     mask = tensors["mask"]
     sums: dict[str, float] = {}
     n_steps = 0
     planned: list[list[int]] = []
+    step_s = 0.0
     for mb_rows, groups in schedule:
         denom = global_denominator(float(mask[mb_rows].sum()), world)
         planned += groups
@@ -374,12 +363,14 @@ def run_minibatches(
             loss, m = micro_loss(t, denom, share, len(rows) / len(mb_rows))
             engine.backward(loss * live)
             _accumulate(sums, m, share)
+        t0 = time.monotonic()
         engine.step()
+        step_s += time.monotonic() - t0
         norm = engine.get_global_grad_norm() if grad_norm else None
         if norm is not None:
             sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(norm)
         n_steps += 1
-    return {k: v / max(n_steps, 1) for k, v in sums.items()}, planned
+    return {k: v / max(n_steps, 1) for k, v in sums.items()}, planned, step_s
 
 
 def actor_loss(
@@ -390,7 +381,10 @@ def actor_loss(
     alg = params.algorithm
     token_mean = alg.loss_agg == "token-mean"
     temperature = params.rollout.temperature  # the policy being optimised is the one that sampled
-    lp, ent = actor_logprobs(actor, t, temperature, alg.entropy_coef > 0, params.train.pack)
+    entropy = alg.entropy_coef > 0
+    out = token_logprobs(actor, t["input_ids"], t["attention_mask"], temperature=temperature,
+                         return_entropy=entropy, score_mask=t["mask"], packed=params.train.pack)
+    lp, ent = out if entropy else (out, None)
     old = t["old"] if "old" in t else lp.detach()
     pg, m = policy_loss(
         lp, old, t["adv"], t["mask"], clip_ratio=alg.clip_ratio, clip_ratio_high=alg.clip_ratio_high,
@@ -420,15 +414,17 @@ def update_actor(
     Each micro-batch's loss is pre-scaled by the mini-batch's (global) token
     count, so the accumulated gradient is exactly that of the token-mean loss.
     ``train.pack``: micro-batches run packed (no padding computed);
-    ``padding_share`` reports the padding computed either way.
+    ``padding_share`` reports the padding computed either way; ``time/actor_step_s``
+    the seconds of its optimizer steps.
     """
     given = {k: v for k, v in (("old", old_logprobs), ("ref", ref_logprobs)) if v is not None}
     tensors = token_tensors(batch, adv=advantages, mask=mask, **given)
     packed = params.train.pack
     schedule = minibatches(batch.attention_mask, params.train, params.train.seed, packed)
     loss = partial(actor_loss, params, engines.actor)
-    out, planned = run_minibatches(engines.actor, tensors, schedule, world, loss, grad_norm=True)
+    out, planned, step_s = run_minibatches(engines.actor, tensors, schedule, world, loss, grad_norm=True)
     out["padding_share"] = padding_share(batch.attention_mask.sum(-1).tolist(), planned, packed)
+    out["time/actor_step_s"] = step_s
     return out
 
 
@@ -449,7 +445,9 @@ def update_critic(
     """The clipped value loss on the same positions and mini-batch schedule as the actor."""
     tensors = token_tensors(batch, ret=returns, old=old_values, mask=mask)
     schedule = minibatches(batch.attention_mask, params.train, params.train.seed + 1)
-    return run_minibatches(critic, tensors, schedule, world, partial(critic_loss, params, critic))[0]
+    out, _, step_s = run_minibatches(critic, tensors, schedule, world, partial(critic_loss, params, critic))
+    out["time/critic_step_s"] = step_s
+    return out
 
 
 # ------------------------------------------------------------------ the loop
