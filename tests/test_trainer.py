@@ -188,6 +188,30 @@ def test_a_plugin_estimator_trains_with_a_critic_when_it_asks_for_one(
         assert ("value_loss" in metrics) is critic and metrics["advantage_abs"] > 0, name
 
 
+def test_a_plugin_estimators_code_is_part_of_the_run_fingerprint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Editing the user's estimator is a change of training code: its checkpoint is not resumed."""
+    from agent_r1.training.trainer import code_hash, run_fingerprint
+
+    plugin = tmp_path / "fingerprinted_estimators.py"
+    plugin.write_text(PLUGIN_ESTIMATORS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    params = tiny_params().model_copy(
+        update={"algorithm": AlgorithmConfig(name="fingerprinted_estimators:outcome")})
+
+    def code(p: Params) -> str:
+        return run_fingerprint(p, model, "http://index", [], [])["code"]
+
+    before = code(params)
+    assert code(tiny_params()) == code_hash() != before
+    plugin.write_text(PLUGIN_ESTIMATORS + "\n# edited\n")
+    assert code(params) != before
+
+
 def test_train_rl_runs_checkpoints_resumes_and_exports(world, tiny_policy: Path, tmp_path: Path) -> None:
     questions, index_dir = world
     test = records(questions, "test")[:3]

@@ -55,7 +55,7 @@ from agent_r1.algorithms import compute_advantages, kl, loss_mask, policy_loss, 
 from agent_r1.algorithms.losses import aggregate
 from agent_r1.config import Params
 from agent_r1.io import hash_files, hash_tree
-from agent_r1.registry import ESTIMATORS
+from agent_r1.registry import ESTIMATORS, is_plugin, ref_source
 from agent_r1.rollout.trajectory import TrajectoryBatch
 from agent_r1.training.checkpoint import (
     export_hf,
@@ -94,12 +94,12 @@ class Engines:
 # ------------------------------------------------------------------ what a checkpoint must share
 # The agent_r1 sources a run's weights and metrics depend on (params cover the settings).
 TRAINING_CODE: tuple[str, ...] = (
-    "training", "algorithms", "env", "rollout", "retrieval", "evaluation/aggregate.py", "config.py",
+    "training", "algorithms", "env", "rollout", "retrieval", "evaluation/aggregate.py", "config.py", "registry.py",
 )
 FINGERPRINT_PARTS: dict[str, str] = {
     "params": "params",
     "init_model": "init model (its files' content)",
-    "code": "training code",
+    "code": "training code (with a plugin estimator's)",
     "data": "data (questions or index)",
 }
 
@@ -123,6 +123,15 @@ def code_hash(package: Path = Path(agent_r1.__file__).parent) -> str:
     return hash_files(files)
 
 
+def plugin_code_hash(ref: str) -> str | None:
+    """Content hash of the Python sources of the user package (or module) a plugin ``ref`` lives in."""
+    source = ref_source(ref)
+    if source is None:
+        return None
+    files = sorted(source.rglob("*.py")) if source.is_dir() else [source]
+    return hash_files([(f.relative_to(source.parent).as_posix(), f) for f in files])
+
+
 def index_identity(index_path: str | Path) -> str:
     """An index folder's content hash; a server's URL (what it serves is its own business)."""
     return hash_tree(index_path) if Path(index_path).is_dir() else str(index_path)
@@ -135,10 +144,13 @@ def run_fingerprint(
     :data:`FINGERPRINT_PARTS`): everything but the step count and the logging
     cadence (so raising ``train.steps`` continues a run)."""
     cfg = params.model_dump(exclude={"experiments": True, "schedule": True, "train": {"steps", "save_every", "eval_every"}})
+    code = code_hash()
+    if is_plugin(params.algorithm.name):  # the user's estimator is training code too
+        code = _digest([code, plugin_code_hash(params.algorithm.name)])
     return {
         "params": _digest(cfg),
         "init_model": hash_tree(init_model),
-        "code": code_hash(),
+        "code": code,
         "data": _digest([index_identity(index_path), train_questions, eval_questions]),
     }
 
