@@ -29,7 +29,7 @@ from pydantic import (
 )
 
 from agent_r1.paths import REMOTE_INDEX_SCHEMES
-from agent_r1.registry import DATA_SOURCES, FORMATS, REWARDS, TOOLS, Registry, is_plugin
+from agent_r1.registry import DATA_SOURCES, ESTIMATORS, FORMATS, REWARDS, TOOLS, Registry, is_plugin
 
 DEFAULT_PARAMS = Path("params.yaml")
 
@@ -429,14 +429,14 @@ class RolloutConfig(_Strict):
 
 
 # ------------------------------------------------------------ algorithm/train
-Estimator = Literal["ppo", "grpo", "reinforce_pp", "reinforce_pp_baseline", "rloo"]
 LossAgg = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
 
 
 class AlgorithmConfig(_Strict):
-    """The RL objective. ``ppo`` = GAE with a critic; the others are critic-free."""
+    """The RL objective. ``name``: an advantage estimator of :data:`agent_r1.registry.ESTIMATORS`
+    (``ppo`` = GAE with a critic; the other built-ins are critic-free) or a plugin ``package.module:fn``."""
 
-    name: Estimator = "grpo"
+    name: Annotated[str, AfterValidator(_registered(ESTIMATORS))] = "grpo"
     gamma: float = Field(1.0, ge=0.0, le=1.0)
     lam: float = Field(1.0, ge=0.0, le=1.0)
     loss_mask: bool = Field(True, description="policy loss on the agent's own tokens only (paper)")

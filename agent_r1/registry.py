@@ -179,7 +179,30 @@ DATA_SOURCES.add("hotpotqa", "agent_r1.data.official:HotpotQA", downloads=True)
 DATA_SOURCES.add("2wikimultihopqa", "agent_r1.data.official:TwoWikiMultihopQA", downloads=True)
 DATA_SOURCES.add("musique", "agent_r1.data.official:MuSiQue", downloads=True)
 
-ESTIMATORS = Registry("advantage estimator", function_taking("token_rewards", "action_mask"))
+# What ``compute_advantages`` offers an estimator (each gets the ones it names): a plugin may
+# require no other argument; ``needs_critic = True`` on it asks the trainer for ``values``.
+ESTIMATOR_ARGUMENTS = (
+    "token_rewards", "action_mask", "group_id", "values", "gamma", "lam", "align", "response_mask",
+    "process_rewards", "norm_by_std",
+)
+
+
+def advantage_function(obj: Any) -> str | None:
+    """An estimator's interface: takes ``token_rewards`` and ``action_mask``, requires nothing
+    outside :data:`ESTIMATOR_ARGUMENTS`, and takes ``values`` when it sets ``needs_critic``."""
+    if (why := function_taking("token_rewards", "action_mask")(obj)) is not None:
+        return why
+    params = inspect.signature(obj).parameters
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    extra = [n for n, p in params.items() if p.kind in named and p.default is p.empty and n not in ESTIMATOR_ARGUMENTS]
+    if extra:
+        return f"requires {', '.join(extra)}; an estimator is offered only {', '.join(ESTIMATOR_ARGUMENTS)}"
+    if getattr(obj, "needs_critic", False) and "values" not in params:
+        return "sets needs_critic but does not take values (the critic's)"
+    return None
+
+
+ESTIMATORS = Registry("advantage estimator", advantage_function)
 ESTIMATORS.add("ppo", "agent_r1.algorithms.advantages:gae", needs_critic=True)
 ESTIMATORS.add("gae", "agent_r1.algorithms.advantages:gae", needs_critic=True)
 ESTIMATORS.add("grpo", "agent_r1.algorithms.advantages:grpo")

@@ -11,13 +11,14 @@ observation 2, turn 2 (2 action tokens):
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_r1.algorithms import ADVANTAGE_ESTIMATORS, compute_advantages, gae, grpo, reinforce_pp, reinforce_pp_baseline, rloo
+from agent_r1.algorithms import compute_advantages, gae, grpo, reinforce_pp, reinforce_pp_baseline, rloo
 from agent_r1.algorithms.masking import (
     advantage_mask,
     collapse_rewards,
@@ -26,6 +27,7 @@ from agent_r1.algorithms.masking import (
     returns_to_go,
     span_mask,
 )
+from agent_r1.registry import ESTIMATORS
 
 LAYOUT = [0, 0, 1, 1, 0, 0, 1, 1]
 TURN1, OBS, TURN2 = [2, 3], [4, 5], [6, 7]
@@ -263,7 +265,7 @@ def test_advantage_mask_switch_for_group_estimators(estimator) -> None:
     assert (off[:, :2] == 0).all()  # never the prompt
 
 
-@pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
+@pytest.mark.parametrize("name", sorted(ESTIMATORS.names()))
 def test_outcome_only_rewards_make_process_switch_a_no_op(name: str) -> None:
     r, m = traj(4, [(0, 1.0), (0, 0.0), (0, 0.5), (0, 0.25)])
     common = dict(token_rewards=r, action_mask=m, group_id=torch.tensor([0, 0, 1, 1]), values=torch.randn(4, 8), gamma=0.9, lam=0.95)
@@ -272,7 +274,7 @@ def test_outcome_only_rewards_make_process_switch_a_no_op(name: str) -> None:
     torch.testing.assert_close(on, off, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
+@pytest.mark.parametrize("name", sorted(ESTIMATORS.names()))
 def test_process_reward_separates_turns_in_every_estimator(name: str) -> None:
     """Turn 1 above turn 2 in sample A with process rewards on; equal with them off (gamma = lam = 1, V = 0)."""
     r, m = traj(2, [(0.5, 1.0), (0.0, 0.0)])
@@ -322,7 +324,7 @@ def batches(draw):
 
 
 @settings(max_examples=60, deadline=None)
-@given(batches(), st.sampled_from(sorted(ADVANTAGE_ESTIMATORS)), st.booleans(), st.booleans())
+@given(batches(), st.sampled_from(sorted(ESTIMATORS.names())), st.booleans(), st.booleans())
 def test_properties_shapes_finite_zero_off_mask(batch, name, align, process) -> None:
     rewards, mask, group_id, values = batch
     adv, ret = compute_advantages(
@@ -346,3 +348,67 @@ def test_property_gae_aligned_is_gae_on_each_compacted_row(batch) -> None:
         if keep.any():
             _, ret_i = gae(rewards[i : i + 1, keep], values[i : i + 1, keep], torch.ones(1, int(keep.sum()), dtype=torch.long), gamma=0.9, lam=0.8)
             torch.testing.assert_close(ret[i, keep], ret_i[0])
+
+
+# ------------------------------------------------------------------ plugins (algorithm.name: package.module:fn)
+PLUGIN = '''
+import torch
+
+def outcome_minus_half(token_rewards, action_mask, *, process_rewards=True):
+    adv = (token_rewards.sum(-1, keepdim=True) - 0.5) * action_mask
+    return adv, adv
+
+def td_error(token_rewards, values, action_mask):
+    return (token_rewards - values) * action_mask, token_rewards
+
+td_error.needs_critic = True
+
+not_a_function = 3
+
+def renamed(rewards, mask):
+    return rewards, rewards
+
+def needs_beta(token_rewards, action_mask, beta):
+    return token_rewards, token_rewards
+'''
+
+
+@pytest.fixture
+def plugin_module(tmp_path, monkeypatch: pytest.MonkeyPatch) -> str:
+    (tmp_path / "user_estimators.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "user_estimators"
+
+
+def test_a_plugin_estimator_is_named_in_params_and_computes_the_advantages(plugin_module: str) -> None:
+    from agent_r1.config import parse_params
+
+    name = parse_params({"algorithm": {"name": f"{plugin_module}:outcome_minus_half"}}).algorithm.name
+    assert ESTIMATORS.meta(name, "needs_critic", False) is False
+    r, m = traj(2, [(0, 1.0), (0, 0.0)])
+    adv, ret = compute_advantages(name, token_rewards=r, action_mask=m, group_id=torch.tensor([0, 0]), gamma=0.9)
+    close(adv, [[0, 0, 0.5, 0.5, 0, 0, 0.5, 0.5], [0, 0, -0.5, -0.5, 0, 0, -0.5, -0.5]])
+    torch.testing.assert_close(ret, adv)
+
+    critic = parse_params({"algorithm": {"name": f"{plugin_module}:td_error"}}).algorithm.name
+    assert ESTIMATORS.meta(critic, "needs_critic", False) is True
+    values = torch.full((2, 8), 0.25)
+    adv, _ = compute_advantages(critic, token_rewards=r, action_mask=m, group_id=None, values=values)
+    close(adv, [[0, 0, -0.25, -0.25, 0, 0, -0.25, 0.75], [0, 0, -0.25, -0.25, 0, 0, -0.25, -0.25]])
+    with pytest.raises(ValueError, match="needs values"):
+        compute_advantages(critic, token_rewards=r, action_mask=m, group_id=None)
+
+
+@pytest.mark.parametrize(("ref", "why"), [
+    ("no_such_module:fn", "could not be imported: ModuleNotFoundError"),
+    ("user_estimators:missing", "could not be imported: ImportError: module 'user_estimators' has no attribute 'missing'"),
+    ("user_estimators:not_a_function", "must be a function, got 3"),
+    ("user_estimators:renamed", "must take the arguments token_rewards, action_mask"),
+    ("user_estimators:needs_beta", "requires beta"),
+    ("a2c", "unknown advantage estimator 'a2c'; one of ppo, gae, grpo"),
+])
+def test_a_bad_estimator_fails_the_params_check_naming_the_key(plugin_module: str, ref: str, why: str) -> None:
+    from agent_r1.config import ParamsError, parse_params
+
+    with pytest.raises(ParamsError, match=re.escape("algorithm.name: ") + ".*" + re.escape(why)):
+        parse_params({"algorithm": {"name": ref}})

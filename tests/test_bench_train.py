@@ -1,4 +1,4 @@
-"""Smoke test of bench/train.py's pieces in-process, on a tiny random Llama (seconds, no subprocesses).
+"""Smoke test of the update benchmark's pieces in-process, on a tiny random Llama (seconds, no subprocesses).
 
 The benchmark itself (subprocess per measurement, the deepspeed launcher) runs with
 ``.venv/bin/python bench/train.py --quick``.
@@ -6,7 +6,6 @@ The benchmark itself (subprocess per measurement, the deepspeed launcher) runs w
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -17,9 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 from train_tiny import VOCAB, tiny_llama  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("bench_train", ROOT / "bench" / "train.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
+sys.path.insert(0, str(ROOT))
+from bench import batches, flops, rl_ranks, tables, update  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +34,7 @@ def spec_for(model: Path, method: str, mode: str, **kw) -> dict:
 
 
 def test_synthetic_batch_has_the_agents_shape() -> None:
-    batch = bench.synthetic_batch(12, 300, 450, 0.12, VOCAB, 4, seed=0)
+    batch = batches.synthetic_batch(12, 300, 450, 0.12, VOCAB, 4, seed=0)
     lengths = batch.attention_mask.sum(-1)
     assert len(batch) == 12 and lengths.min() >= 300 and lengths.max() <= 450
     assert batch.action_mask.sum() / lengths.sum() == pytest.approx(0.12, abs=0.01)
@@ -44,27 +42,27 @@ def test_synthetic_batch_has_the_agents_shape() -> None:
     for i, n in enumerate(lengths.tolist()):
         assert batch.action_mask[i, n - 1] == 1 and batch.token_rewards[i, n - 1] != 0  # ends on the answer
         assert batch.action_mask[i, : int(batch.prompt_length[i])].sum() == 0
-    stats = bench.batch_stats(batch)
+    stats = batches.batch_stats(batch)
     assert stats["tokens"] == int(lengths.sum()) and stats["scored_tokens"] == stats["tokens"] - 12
 
 
 @pytest.mark.parametrize("method", ["ours", "naive"])
 def test_update_worker_measures_throughput_and_memory(tiny_model: Path, method: str) -> None:
-    ceiling = bench.matmul_gflops(64, 2)
-    r = bench.throughput_row(bench.worker_update(spec_for(tiny_model, method, "throughput")), ceiling)
+    ceiling = flops.matmul_gflops(64, 2)
+    r = flops.throughput_row(update.worker_update(spec_for(tiny_model, method, "throughput")), ceiling)
     assert r["batch"]["rows"] == 4 and r["tokens_per_s"] > 0 and 0 < r["mfu_vs_bf16"]
     assert r["plan"]["computed_tokens"] >= r["batch"]["tokens"] and 0 < r["batch"]["loss_tokens"] < r["batch"]["tokens"]
     assert r["needed_flops"] < r["palm_flops"]  # the head only on the loss positions
     assert r["shape"]["tied_head"] and r["shape"]["n_matmul"] == r["shape"]["n_params"]
-    mem = bench.worker_update(spec_for(tiny_model, method, "memory"))
+    mem = update.worker_update(spec_for(tiny_model, method, "memory"))
     assert mem["ru_maxrss_mib"] > 0 and mem["update_s"] > 0
     assert r["plan"]["padding_share"] == (0.0 if method == "ours" else pytest.approx(
         r["plan"]["computed_tokens"] / r["batch"]["tokens"] - 1))  # ours packs by default: no padding
-    table = bench.format_throughput({"ours": r, "ours_padded": r, "naive": r, "speedup_tokens_per_s": 1.0,
+    table = tables.format_throughput({"ours": r, "ours_padded": r, "naive": r, "speedup_tokens_per_s": 1.0,
                                      "packed_vs_padded": 1.2})
     assert "tokens/s" in table and "MFU vs bf16" in table and "padding share" in table
     assert "packed vs padded (update s)" in table and "ours, padded" in table
-    assert "ratio" in bench.format_memory([{"rows": 4, "ours": mem, "naive": {"killed_above_mib": 10}}])
+    assert "ratio" in tables.format_memory([{"rows": 4, "ours": mem, "naive": {"killed_above_mib": 10}}])
 
 
 def test_read_live_collects_dvclive_rows_per_step(tmp_path: Path) -> None:
@@ -73,8 +71,8 @@ def test_read_live_collects_dvclive_rows_per_step(tmp_path: Path) -> None:
     (root / "train").mkdir()
     (root / "time" / "update_s.tsv").write_text("step\tupdate_s\n0\t2.5\n1\t3.0\n")
     (root / "train" / "tokens.tsv").write_text("step\ttokens\n0\t100\n1\t120\n")
-    rows = bench.read_live(tmp_path)
+    rows = rl_ranks.read_live(tmp_path)
     assert rows == [{"step": 0, "time/update_s": 2.5, "train/tokens": 100.0},
                     {"step": 1, "time/update_s": 3.0, "train/tokens": 120.0}]  # fmt: skip
-    table = bench.format_ranks([{"ranks": 1, "world": 1, "threads_per_rank": 2, "steps": rows}])
+    table = rl_ranks.format_ranks([{"ranks": 1, "world": 1, "threads_per_rank": 2, "steps": rows}])
     assert "update tok/s" in table

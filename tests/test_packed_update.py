@@ -23,7 +23,6 @@ from agent_r1.training.logprobs import (  # noqa: E402
     PACKED_ATTENTION,
     computed_positions,
     micro_batches,
-    packed_token_logprobs,
     token_logprobs,
     use_packed_attention,
 )
@@ -43,8 +42,7 @@ def padded_batch(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch
 def logprobs_and_grads(lm: torch.nn.Module, packed: bool, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
     ids, am, score = args
     lm.zero_grad()
-    fn = packed_token_logprobs if packed else token_logprobs
-    lp, ent = fn(lm, ids, am, return_entropy=True, score_mask=score, temperature=0.7)
+    lp, ent = token_logprobs(lm, ids, am, return_entropy=True, score_mask=score, temperature=0.7, packed=packed)
     (lp.sum() + 0.3 * ent.sum()).backward()
     grads = torch.cat([p.grad.flatten() for p in lm.parameters()])
     return lp.detach(), ent.detach(), grads

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from agent_r1.config import Params, RetrievalConfig, SyntheticConfig
+from agent_r1.config import AlgorithmConfig, Params, RetrievalConfig, SyntheticConfig
 from agent_r1.data.synthetic import generate
 from agent_r1.env import SearchTool, ToolEnv
 from agent_r1.retrieval import build_index, load_index
@@ -123,6 +123,20 @@ def test_sft_lowers_the_demonstrations_nll(world, tiny_policy: Path, tmp_path: P
 
 
 # ------------------------------------------------------------------ RL
+def two_samples() -> TrajectoryBatch:
+    """Two samples of one question (random tokens, actions at 4..9), rewards 1 and 0."""
+    ids = torch.randint(10, 1000, (2, 12))
+    action = torch.zeros(2, 12, dtype=torch.long)
+    action[:, 4:10] = 1
+    rewards = torch.zeros(2, 12)
+    rewards[0, 9] = 1.0
+    return TrajectoryBatch(
+        input_ids=ids, attention_mask=torch.ones_like(ids), action_mask=action,
+        turn_index=torch.where(action.bool(), 0, -1), token_rewards=rewards, rollout_logprobs=torch.zeros(2, 12),
+        group_id=torch.tensor([0, 0]), prompt_length=torch.tensor([4, 4]), info=[{}, {}],
+    )
+
+
 def test_grpo_step_moves_logprobs_towards_the_better_sample(tiny_policy: Path) -> None:
     """Two samples of one question, rewards 1 and 0: one update raises the first's
     logprob and lowers the second's (the direction of the policy gradient)."""
@@ -131,25 +145,67 @@ def test_grpo_step_moves_logprobs_towards_the_better_sample(tiny_policy: Path) -
     params = tiny_params()
     params = params.model_copy(update={"train": params.train.model_copy(update={"actor_lr": 1e-3})})
     engines = build_engines(params, tiny_policy)
-    ids = torch.randint(10, 1000, (2, 12))
-    action = torch.zeros(2, 12, dtype=torch.long)
-    action[:, 4:10] = 1
-    rewards = torch.zeros(2, 12)
-    rewards[0, 9] = 1.0
-    batch = TrajectoryBatch(
-        input_ids=ids, attention_mask=torch.ones_like(ids), action_mask=action,
-        turn_index=torch.where(action.bool(), 0, -1), token_rewards=rewards, rollout_logprobs=torch.zeros(2, 12),
-        group_id=torch.tensor([0, 0]), prompt_length=torch.tensor([4, 4]), info=[{}, {}],
-    )
+    batch = two_samples()
 
     def seq_logprob() -> torch.Tensor:
-        return (batched_token_logprobs(engines.actor, ids, batch.attention_mask, 512) * action).sum(-1)
+        return (batched_token_logprobs(engines.actor, batch.input_ids, batch.attention_mask, 512) * batch.action_mask).sum(-1)
 
     before = seq_logprob()
     metrics = rl_step(params, engines, batch)
     after = seq_logprob()
     assert after[0] > before[0] and after[1] < before[1]
     assert metrics["clipfrac"] == 0.0  # exactly on-policy: ratio 1
+
+
+PLUGIN_ESTIMATORS = """
+def td_error(token_rewards, values, action_mask):
+    return (token_rewards - values) * action_mask, token_rewards
+
+td_error.needs_critic = True
+
+def outcome(token_rewards, action_mask):
+    adv = token_rewards.sum(-1, keepdim=True) * action_mask
+    return adv, adv
+"""
+
+
+def test_a_plugin_estimator_trains_with_a_critic_when_it_asks_for_one(
+    tiny_policy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``algorithm.name: module:fn`` from the user's code: its ``needs_critic`` decides the critic."""
+    (tmp_path / "user_estimators.py").write_text(PLUGIN_ESTIMATORS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    batch = two_samples()
+    for name, critic in (("user_estimators:td_error", True), ("user_estimators:outcome", False)):
+        params = tiny_params().model_copy(update={"algorithm": AlgorithmConfig(name=name, kl_coef=0.0)})
+        engines = build_engines(params, tiny_policy)
+        assert (engines.critic is not None) is critic, name
+        metrics = rl_step(params, engines, batch)
+        assert ("value_loss" in metrics) is critic and metrics["advantage_abs"] > 0, name
+
+
+def test_a_plugin_estimators_code_is_part_of_the_run_fingerprint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Editing the user's estimator is a change of training code: its checkpoint is not resumed."""
+    from agent_r1.training.trainer import code_hash, run_fingerprint
+
+    plugin = tmp_path / "fingerprinted_estimators.py"
+    plugin.write_text(PLUGIN_ESTIMATORS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    params = tiny_params().model_copy(
+        update={"algorithm": AlgorithmConfig(name="fingerprinted_estimators:outcome")})
+
+    def code(p: Params) -> str:
+        return run_fingerprint(p, model, "http://index", [], [])["code"]
+
+    before = code(params)
+    assert code(tiny_params()) == code_hash() != before
+    plugin.write_text(PLUGIN_ESTIMATORS + "\n# edited\n")
+    assert code(params) != before
 
 
 def test_train_rl_runs_checkpoints_resumes_and_exports(world, tiny_policy: Path, tmp_path: Path) -> None:

@@ -1,11 +1,11 @@
 """Pure RL math over [B, T] trajectory tensors: advantage estimators, losses, KL, masks.
 
 Knows nothing of models, engines or configs; the trainer wires params.yaml's
-``algorithm`` group to :func:`compute_advantages` and the losses here.
+``algorithm`` group to :func:`compute_advantages` and the losses here. The
+estimators' names live in :data:`agent_r1.registry.ESTIMATORS`.
 """
 
 from agent_r1.algorithms.advantages import (
-    ADVANTAGE_ESTIMATORS,
     compute_advantages,
     gae,
     grpo,
@@ -17,7 +17,6 @@ from agent_r1.algorithms.losses import aggregate, entropy_from_logits, kl, polic
 from agent_r1.algorithms.masking import advantage_mask, loss_mask, masked_mean, masked_whiten, response_mask
 
 __all__ = [
-    "ADVANTAGE_ESTIMATORS",
     "advantage_mask",
     "aggregate",
     "compute_advantages",

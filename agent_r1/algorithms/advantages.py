@@ -44,6 +44,7 @@ from agent_r1.algorithms.masking import (
     masked_whiten,
     returns_to_go,
 )
+from agent_r1.registry import ESTIMATORS
 
 AdvantageFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
@@ -325,17 +326,7 @@ def reinforce_pp_baseline(
     return adv, adv
 
 
-# ---------------------------------------------------------------- registry
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {
-    "gae": gae,
-    "ppo": gae,  # params.yaml's name for GAE with a critic
-    "grpo": grpo,
-    "rloo": rloo,
-    "reinforce_pp": reinforce_pp,
-    "reinforce_pp_baseline": reinforce_pp_baseline,
-}
-
-
+# ------------------------------------------------------ by name (agent_r1.registry.ESTIMATORS)
 def compute_advantages(
     name: str,
     *,
@@ -347,21 +338,24 @@ def compute_advantages(
     lam: float = 1.0,
     align: bool = True,
     response_mask: torch.Tensor | None = None,
+    process_rewards: bool = True,
+    norm_by_std: bool = True,
     **kw,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One call for every estimator: passes each the arguments it takes and drops the rest.
+    """One call for every estimator, a built-in or a plugin (``algorithm.name``, resolved by
+    :data:`agent_r1.registry.ESTIMATORS`): passes each the arguments it takes and drops the rest.
 
     ``align`` is ``algorithm.advantage_mask``; ``response_mask`` the response
-    tokens used when it is off. Extra keywords (``process_rewards``, ``eps``,
-    ``norm_by_std``) go to the estimator unchanged, so a keyword it does not
-    take is a TypeError naming it.
+    tokens used when it is off. The arguments offered are
+    :data:`agent_r1.registry.ESTIMATOR_ARGUMENTS`; extra keywords (``eps``) go
+    to the estimator unchanged, so a keyword it does not take is a TypeError naming it.
     """
-    if name not in ADVANTAGE_ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {name!r}; known: {', '.join(sorted(ADVANTAGE_ESTIMATORS))}")
-    fn = ADVANTAGE_ESTIMATORS[name]
+    if (problem := ESTIMATORS.problem(name)) is not None:
+        raise ValueError(problem)
+    fn: AdvantageFn = ESTIMATORS.load(name)
     offered = dict(
-        token_rewards=token_rewards, action_mask=action_mask, group_id=group_id, values=values,
-        gamma=gamma, lam=lam, align=align, response_mask=response_mask,
+        token_rewards=token_rewards, action_mask=action_mask, group_id=group_id, values=values, gamma=gamma,
+        lam=lam, align=align, response_mask=response_mask, process_rewards=process_rewards, norm_by_std=norm_by_std,
     )
     params = inspect.signature(fn).parameters
     args = {k: v for k, v in offered.items() if k in params}

@@ -8,7 +8,7 @@ gradients on, each chunk is wrapped in activation checkpointing, so only the
 hidden states are kept for the backward and each chunk's logits are rebuilt
 there one at a time. Padding positions are skipped entirely.
 
-Packed micro-batches (:func:`packed_token_logprobs`): the rows' real tokens
+Packed micro-batches (:func:`token_logprobs` with ``packed``): the rows' real tokens
 are concatenated into one row, positions restart at 0 for each, and
 attention runs per row (:data:`PACKED_ATTENTION`), so no padding position is
 computed and the result equals the padded computation's.
@@ -213,7 +213,7 @@ class LogprobModel(nn.Module):
         model's FLOPs per token, and a loss that reads only the agent's tokens
         (~12% of a trajectory) need not pay for it on the tool observations.
         ``packed_lengths``: ``input_ids`` is one row holding sequences of these
-        lengths back to back (see :func:`packed_token_logprobs`).
+        lengths back to back (see :func:`token_logprobs`'s ``packed``).
         """
         backbone, head = getattr(self, self._backbone_name), getattr(self, self._head_name)
         extra = _packed_kwargs(packed_lengths, input_ids) if packed_lengths is not None else {}
@@ -262,29 +262,16 @@ def _packed_kwargs(lengths: list[int], input_ids: torch.Tensor) -> dict:
     return {"position_ids": position_ids, "packed_bounds": bounds}
 
 
-def packed_token_logprobs(
-    model: nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    *,
-    temperature: float = 1.0,
-    return_entropy: bool = False,
-    chunk_tokens: int = 1024,
-    score_mask: torch.Tensor | None = None,
+def _packed_forward(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float,
+    return_entropy: bool, chunk_tokens: int, score_mask: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`token_logprobs` of right-padded ``[B, T]`` rows computed as one packed row: ``(logprobs, entropy)``.
-
-    The real tokens of every row are concatenated (no padding computed); the
-    results come back ``[B, T]`` with 0 on padding, equal to the padded
-    computation's up to float rounding. ``model`` must use
-    :func:`use_packed_attention` (an engine's module, or a causal LM).
-    """
+    """``model``'s (a :class:`LogprobModel` or its engine) ``(logprobs, entropy)`` of right-padded rows
+    computed as one packed row of their real tokens, back ``[B, T]`` with 0 on padding."""
     keep = attention_mask.bool()
     lengths = keep.sum(-1).tolist()
     ids = input_ids[keep][None]
     score = score_mask[keep][None] if score_mask is not None else None
-    if not isinstance(unwrap_engine(model), LogprobModel):
-        model = LogprobModel(model)
     lp, ent = model(ids, torch.ones_like(ids), temperature, return_entropy, chunk_tokens, score,
                     [n for n in lengths if n])
     return lp.new_zeros(keep.shape).masked_scatter(keep, lp[0]), ent.new_zeros(keep.shape).masked_scatter(keep, ent[0])
@@ -299,6 +286,7 @@ def token_logprobs(
     return_entropy: bool = False,
     chunk_tokens: int = 1024,
     score_mask: torch.Tensor | None = None,
+    packed: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``logprobs[:, t] = log p(input_ids[:, t] | tokens < t)``, ``[B, T]`` float32.
 
@@ -307,10 +295,19 @@ def token_logprobs(
     flow to the parameters. ``model``: an engine from ``make_engine`` /
     ``make_reference`` (its forward is already a :class:`LogprobModel`), a
     :class:`LogprobModel`, or a plain Hugging Face causal LM (wrapped here).
+
+    ``packed``: the real tokens of every row are concatenated and computed as
+    one row (no padding computed); the results equal the padded computation's
+    up to float rounding. ``model`` must then use :func:`use_packed_attention`
+    (an engine's module, or a causal LM).
     """
     if not isinstance(unwrap_engine(model), LogprobModel):
         model = LogprobModel(model)
-    logprobs, entropy = model(input_ids, attention_mask, temperature, return_entropy, chunk_tokens, score_mask)
+    args = (temperature, return_entropy, chunk_tokens, score_mask)
+    if packed:
+        logprobs, entropy = _packed_forward(model, input_ids, attention_mask, *args)
+    else:
+        logprobs, entropy = model(input_ids, attention_mask, *args)
     return (logprobs, entropy) if return_entropy else logprobs
 
 

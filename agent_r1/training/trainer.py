@@ -40,8 +40,9 @@ import math
 import random
 import shutil
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,7 @@ from agent_r1.algorithms import compute_advantages, kl, loss_mask, policy_loss, 
 from agent_r1.algorithms.losses import aggregate
 from agent_r1.config import Params
 from agent_r1.io import hash_files, hash_tree
+from agent_r1.registry import ESTIMATORS, is_plugin, ref_source
 from agent_r1.rollout.trajectory import TrajectoryBatch
 from agent_r1.training.checkpoint import (
     export_hf,
@@ -71,8 +73,8 @@ from agent_r1.training.logprobs import (
     computed_positions,
     equalize_micro_batches,
     micro_batches,
-    packed_token_logprobs,
     select_rows,
+    token_logprobs,
 )
 from agent_r1.training.models import ValueModel, load_policy
 
@@ -92,12 +94,12 @@ class Engines:
 # ------------------------------------------------------------------ what a checkpoint must share
 # The agent_r1 sources a run's weights and metrics depend on (params cover the settings).
 TRAINING_CODE: tuple[str, ...] = (
-    "training", "algorithms", "env", "rollout", "retrieval", "evaluation/aggregate.py", "config.py",
+    "training", "algorithms", "env", "rollout", "retrieval", "evaluation/aggregate.py", "config.py", "registry.py",
 )
 FINGERPRINT_PARTS: dict[str, str] = {
     "params": "params",
     "init_model": "init model (its files' content)",
-    "code": "training code",
+    "code": "training code (with a plugin estimator's)",
     "data": "data (questions or index)",
 }
 
@@ -121,6 +123,15 @@ def code_hash(package: Path = Path(agent_r1.__file__).parent) -> str:
     return hash_files(files)
 
 
+def plugin_code_hash(ref: str) -> str | None:
+    """Content hash of the Python sources of the user package (or module) a plugin ``ref`` lives in."""
+    source = ref_source(ref)
+    if source is None:
+        return None
+    files = sorted(source.rglob("*.py")) if source.is_dir() else [source]
+    return hash_files([(f.relative_to(source.parent).as_posix(), f) for f in files])
+
+
 def index_identity(index_path: str | Path) -> str:
     """An index folder's content hash; a server's URL (what it serves is its own business)."""
     return hash_tree(index_path) if Path(index_path).is_dir() else str(index_path)
@@ -133,10 +144,13 @@ def run_fingerprint(
     :data:`FINGERPRINT_PARTS`): everything but the step count and the logging
     cadence (so raising ``train.steps`` continues a run)."""
     cfg = params.model_dump(exclude={"experiments": True, "schedule": True, "train": {"steps", "save_every", "eval_every"}})
+    code = code_hash()
+    if is_plugin(params.algorithm.name):  # the user's estimator is training code too
+        code = _digest([code, plugin_code_hash(params.algorithm.name)])
     return {
         "params": _digest(cfg),
         "init_model": hash_tree(init_model),
-        "code": code_hash(),
+        "code": code,
         "data": _digest([index_identity(index_path), train_questions, eval_questions]),
     }
 
@@ -320,24 +334,87 @@ def _accumulate(sums: dict[str, float], metrics: dict[str, Any], weight: float) 
         sums[k] = sums.get(k, 0.0) + float(v) * weight
 
 
-def actor_logprobs(
-    actor: Any, t: dict[str, torch.Tensor], temperature: float, entropy: bool, packed: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The actor's ``(logprobs, entropy)`` of one micro-batch (padded rows), scored under ``t['mask']``;
-    ``packed``: computed as one packed row, without padding (same values)."""
-    if packed:
-        return packed_token_logprobs(
-            actor, t["input_ids"], t["attention_mask"], temperature=temperature, return_entropy=entropy,
-            score_mask=t["mask"],
-        )
-    return actor(t["input_ids"], t["attention_mask"], temperature, entropy, score_mask=t["mask"])
-
-
 def padding_share(lengths: list[int], groups: list[list[int]], packed: bool) -> float:
     """Padded positions computed / real tokens, over the real (non-placeholder) micro-batches."""
     groups = [g for g in groups if g]
     real = sum(lengths[i] for g in groups for i in g)
     return (computed_positions(lengths, groups, packed) - real) / max(real, 1)
+
+
+# (micro-batch tensors, the mini-batch's token denominator, the micro-batch's share of it, its share
+# of the mini-batch's rows) -> (the loss to backpropagate, its metrics per token)
+MicroLoss = Callable[[dict[str, torch.Tensor], float, float, float], tuple[torch.Tensor, dict[str, Any]]]
+
+
+def run_minibatches(
+    engine: Any, tensors: dict[str, torch.Tensor], schedule: Iterator[tuple[list[int], list[list[int]]]],
+    world: int, micro_loss: MicroLoss, *, grad_norm: bool = False,
+) -> tuple[dict[str, float], list[list[int]], float]:
+    """The update loop of the actor and the critic: per mini-batch of ``schedule``
+    (:func:`minibatches`), each micro-batch's ``micro_loss`` backpropagated, then one optimizer step.
+
+    The denominator is the mini-batch's global count of ``tensors['mask']``
+    tokens, so the accumulated gradient is exactly that of the mini-batch's
+    token mean. A micro-batch's metrics are weighted by its share of it, then
+    averaged over the optimizer steps (with the engine's gradient norm when
+    ``grad_norm``). Returns (those metrics, the micro-batches run, the seconds
+    spent in the optimizer steps).
+    """
+    mask = tensors["mask"]
+    sums: dict[str, float] = {}
+    n_steps = 0
+    planned: list[list[int]] = []
+    step_s = 0.0
+    for mb_rows, groups in schedule:
+        denom = global_denominator(float(mask[mb_rows].sum()), world)
+        planned += groups
+        for rows in groups:
+            t = select_rows(tensors, rows or mb_rows[:1])
+            live = 1.0 if rows else 0.0  # an empty group is a placeholder pass (see minibatches)
+            share = float(t["mask"].sum()) / denom * live
+            loss, m = micro_loss(t, denom, share, len(rows) / len(mb_rows))
+            engine.backward(loss * live)
+            _accumulate(sums, m, share)
+        t0 = time.monotonic()
+        engine.step()
+        step_s += time.monotonic() - t0
+        norm = engine.get_global_grad_norm() if grad_norm else None
+        if norm is not None:
+            sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(norm)
+        n_steps += 1
+    return {k: v / max(n_steps, 1) for k, v in sums.items()}, planned, step_s
+
+
+def actor_loss(
+    params: Params, actor: Any, t: dict[str, torch.Tensor], denom: float, share: float, row_weight: float
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """A micro-batch's policy loss (+ KL to ``t['ref']`` when given, - entropy), pre-scaled by ``denom``
+    (a :data:`MicroLoss`). Without ``t['old']`` the update is exactly on-policy: ratio 1."""
+    alg = params.algorithm
+    token_mean = alg.loss_agg == "token-mean"
+    temperature = params.rollout.temperature  # the policy being optimised is the one that sampled
+    entropy = alg.entropy_coef > 0
+    out = token_logprobs(actor, t["input_ids"], t["attention_mask"], temperature=temperature,
+                         return_entropy=entropy, score_mask=t["mask"], packed=params.train.pack)
+    lp, ent = out if entropy else (out, None)
+    old = t["old"] if "old" in t else lp.detach()
+    pg, m = policy_loss(
+        lp, old, t["adv"], t["mask"], clip_ratio=alg.clip_ratio, clip_ratio_high=alg.clip_ratio_high,
+        dual_clip=alg.dual_clip, agg=alg.loss_agg, denominator=denom if token_mean else None,
+    )
+    loss = pg
+    m["pg_loss"] = float(pg.detach()) / max(share, 1e-8) if token_mean else float(pg.detach())
+    if "ref" in t:
+        kl_term = aggregate(kl(lp, t["ref"], alg.kl_kind), t["mask"], "token-mean", denominator=denom)
+        loss = loss + alg.kl_coef * kl_term
+        m["kl"] = float(kl_term.detach()) / max(share, 1e-8)
+    if alg.entropy_coef > 0:
+        ent_term = aggregate(ent, t["mask"], "token-mean", denominator=denom)
+        loss = loss - alg.entropy_coef * ent_term
+        m["entropy"] = float(ent_term.detach()) / max(share, 1e-8)
+    if not token_mean:  # sequence-level aggregations: weight micro-batches by their rows
+        loss = loss * row_weight
+    return loss, m
 
 
 def update_actor(
@@ -349,56 +426,28 @@ def update_actor(
     Each micro-batch's loss is pre-scaled by the mini-batch's (global) token
     count, so the accumulated gradient is exactly that of the token-mean loss.
     ``train.pack``: micro-batches run packed (no padding computed);
-    ``padding_share`` reports the padding computed either way.
+    ``padding_share`` reports the padding computed either way; ``time/actor_step_s``
+    the seconds of its optimizer steps.
     """
-    alg = params.algorithm
-    temperature = params.rollout.temperature  # the policy being optimised is the one that sampled
-    tensors = token_tensors(batch, adv=advantages, mask=mask)
-    if old_logprobs is not None:
-        tensors["old"] = old_logprobs
-    if ref_logprobs is not None:
-        tensors["ref"] = ref_logprobs
-    token_mean = alg.loss_agg == "token-mean"
+    given = {k: v for k, v in (("old", old_logprobs), ("ref", ref_logprobs)) if v is not None}
+    tensors = token_tensors(batch, adv=advantages, mask=mask, **given)
     packed = params.train.pack
-    lengths = batch.attention_mask.sum(-1).tolist()
-    sums: dict[str, float] = {}
-    n_steps = 0
-    planned: list[list[int]] = []
-    for mb_rows, groups in minibatches(batch.attention_mask, params.train, params.train.seed, packed):
-        denom = global_denominator(float(mask[mb_rows].sum()), world)
-        planned += groups
-        for rows in groups:
-            t = select_rows(tensors, rows or mb_rows[:1])
-            live = 1.0 if rows else 0.0  # an empty group is a placeholder pass (see minibatches)
-            lp, ent = actor_logprobs(engines.actor, t, temperature, alg.entropy_coef > 0, packed)
-            old = t["old"] if old_logprobs is not None else lp.detach()  # exactly on-policy: ratio 1
-            pg, m = policy_loss(
-                lp, old, t["adv"], t["mask"], clip_ratio=alg.clip_ratio, clip_ratio_high=alg.clip_ratio_high,
-                dual_clip=alg.dual_clip, agg=alg.loss_agg, denominator=denom if token_mean else None,
-            )
-            share = float(t["mask"].sum()) / denom * live
-            loss = pg
-            m["pg_loss"] = float(pg.detach()) / max(share, 1e-8) if token_mean else float(pg.detach())
-            if ref_logprobs is not None:
-                kl_term = aggregate(kl(lp, t["ref"], alg.kl_kind), t["mask"], "token-mean", denominator=denom)
-                loss = loss + alg.kl_coef * kl_term
-                m["kl"] = float(kl_term.detach()) / max(share, 1e-8)
-            if alg.entropy_coef > 0:
-                ent_term = aggregate(ent, t["mask"], "token-mean", denominator=denom)
-                loss = loss - alg.entropy_coef * ent_term
-                m["entropy"] = float(ent_term.detach()) / max(share, 1e-8)
-            if not token_mean:  # sequence-level aggregations: weight micro-batches by their rows
-                loss = loss * (len(rows) / len(mb_rows))
-            engines.actor.backward(loss * live)
-            _accumulate(sums, m, share)
-        engines.actor.step()
-        grad_norm = engines.actor.get_global_grad_norm()
-        if grad_norm is not None:
-            sums["grad_norm"] = sums.get("grad_norm", 0.0) + float(grad_norm)
-        n_steps += 1
-    out = {k: v / max(n_steps, 1) for k, v in sums.items()}
-    out["padding_share"] = padding_share(lengths, planned, packed)
+    schedule = minibatches(batch.attention_mask, params.train, params.train.seed, packed)
+    loss = partial(actor_loss, params, engines.actor)
+    out, planned, step_s = run_minibatches(engines.actor, tensors, schedule, world, loss, grad_norm=True)
+    out["padding_share"] = padding_share(batch.attention_mask.sum(-1).tolist(), planned, packed)
+    out["time/actor_step_s"] = step_s
     return out
+
+
+def critic_loss(
+    params: Params, critic: Any, t: dict[str, torch.Tensor], denom: float, share: float, row_weight: float
+) -> tuple[torch.Tensor, dict[str, Any]]:
+    """A micro-batch's clipped value loss, pre-scaled by ``denom`` (a :data:`MicroLoss`)."""
+    values = critic(t["input_ids"], t["attention_mask"])
+    vl, m = value_loss(values, t["old"], t["ret"], t["mask"], params.algorithm.value_clip, denominator=denom)
+    m["value_loss"] = float(vl.detach()) / max(share, 1e-8)
+    return vl, m
 
 
 def update_critic(
@@ -407,22 +456,10 @@ def update_critic(
 ) -> dict[str, float]:
     """The clipped value loss on the same positions and mini-batch schedule as the actor."""
     tensors = token_tensors(batch, ret=returns, old=old_values, mask=mask)
-    sums: dict[str, float] = {}
-    n_steps = 0
-    for mb_rows, groups in minibatches(batch.attention_mask, params.train, params.train.seed + 1):
-        denom = global_denominator(float(mask[mb_rows].sum()), world)
-        for rows in groups:
-            t = select_rows(tensors, rows or mb_rows[:1])
-            live = 1.0 if rows else 0.0
-            values = critic(t["input_ids"], t["attention_mask"])
-            vl, m = value_loss(values, t["old"], t["ret"], t["mask"], params.algorithm.value_clip, denominator=denom)
-            critic.backward(vl * live)
-            share = float(t["mask"].sum()) / denom * live
-            m["value_loss"] = float(vl.detach()) / max(share, 1e-8)
-            _accumulate(sums, m, share)
-        critic.step()
-        n_steps += 1
-    return {k: v / max(n_steps, 1) for k, v in sums.items()}
+    schedule = minibatches(batch.attention_mask, params.train, params.train.seed + 1)
+    out, _, step_s = run_minibatches(critic, tensors, schedule, world, partial(critic_loss, params, critic))
+    out["time/critic_step_s"] = step_s
+    return out
 
 
 # ------------------------------------------------------------------ the loop
@@ -431,14 +468,31 @@ def build_engines(params: Params, init_model: Path) -> Engines:
     actor = make_engine(load_policy(init_model, "float32", cfg.gradient_checkpointing), cfg, cfg.actor_lr)
     reference = make_reference(load_policy(init_model, "float32", False), cfg) if alg.kl_coef > 0 else None
     critic = None
-    if alg.name == "ppo":
+    if ESTIMATORS.meta(alg.name, "needs_critic", False):
         critic = make_engine(ValueModel.from_pretrained(init_model, "float32", cfg.gradient_checkpointing), cfg, cfg.critic_lr)
     return Engines(actor, reference, critic)
 
 
+def policy_loss_mask(params: Params, batch: TrajectoryBatch) -> torch.Tensor:
+    """The positions the policy loss reads (``algorithm.loss_mask``), float [B, T]."""
+    return loss_mask(batch.action_mask, batch.attention_mask, batch.prompt_length, params.algorithm.loss_mask).float()
+
+
+def batch_advantages(
+    params: Params, batch: TrajectoryBatch, values: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(advantages, returns)`` of ``batch`` by ``algorithm.name``'s estimator (``values``: the critic's)."""
+    alg = params.algorithm
+    return compute_advantages(
+        alg.name, token_rewards=batch.token_rewards, action_mask=batch.action_mask, group_id=batch.group_id,
+        values=values, gamma=alg.gamma, lam=alg.lam, align=alg.advantage_mask, response_mask=batch.response_mask(),
+        process_rewards=alg.process_rewards_in_advantage, norm_by_std=alg.norm_by_std,
+    )
+
+
 def rl_step(params: Params, engines: Engines, batch: TrajectoryBatch, world: int = 1) -> dict[str, float]:
     """Everything after the rollout: logprobs, advantages, updates. Returns metrics."""
-    alg, cfg = params.algorithm, params.train
+    cfg = params.train
     budget = cfg.micro_batch_tokens
     ids, am = batch.input_ids, batch.attention_mask
     n_minibatches = math.ceil(len(batch) / cfg.mini_batch_size)
@@ -446,7 +500,7 @@ def rl_step(params: Params, engines: Engines, batch: TrajectoryBatch, world: int
     metrics: dict[str, float] = {}
 
     # the loss reads logprobs only under this mask: score nothing else (see LogprobModel)
-    mask = loss_mask(batch.action_mask, am, batch.prompt_length, alg.loss_mask).float()
+    mask = policy_loss_mask(params, batch)
     t0 = time.monotonic()
     temp = params.rollout.temperature
     old_lp = (
@@ -460,13 +514,7 @@ def rl_step(params: Params, engines: Engines, batch: TrajectoryBatch, world: int
     values = batched_values(engines.critic, ids, am, budget) if engines.critic is not None else None
     metrics["time/logprobs_s"] = time.monotonic() - t0
 
-    response = batch.response_mask()
-    extra = {"norm_by_std": alg.norm_by_std} if alg.name == "grpo" else {}
-    advantages, returns = compute_advantages(
-        alg.name, token_rewards=batch.token_rewards, action_mask=batch.action_mask, group_id=batch.group_id,
-        values=values, gamma=alg.gamma, lam=alg.lam, align=alg.advantage_mask, response_mask=response,
-        process_rewards=alg.process_rewards_in_advantage, **extra,
-    )
+    advantages, returns = batch_advantages(params, batch, values)
     metrics["advantage_abs"] = masked_token_mean(advantages.abs(), mask)
 
     t0 = time.monotonic()
@@ -539,6 +587,72 @@ def train_step(
     return all_reduce_mean(metrics, world)
 
 
+@dataclass
+class Run:
+    """One :func:`train_rl` call: what its steps need, and the metric history so far (one row a step)."""
+
+    params: Params
+    engines: Engines
+    rollout: Rollout
+    train_questions: list[dict]
+    eval_questions: list[dict]
+    checkpoint_dir: Path
+    fingerprint: dict[str, str]
+    rank: int
+    world: int
+    history: list[dict[str, float]] = field(default_factory=list)
+    live: Any = None  # rank 0's dvclive
+
+
+def evaluate_into(run: Run, metrics: dict[str, float]) -> None:
+    """Add the held-out evaluation to ``metrics`` (rank 0 plays it; every rank waits). Collective."""
+    if is_rank0():
+        metrics.update(held_out_eval(run.rollout, run.eval_questions, run.params))
+    barrier()
+
+
+def resume(run: Run, live_dir: Path) -> int:
+    """Restore the run's checkpoint if one may be reused (:func:`restore`) and open dvclive with
+    its history; returns the first step to train. Collective."""
+    cfg = run.params.train
+    start_step, run.history = restore(
+        run.engines, run.rollout.engine, run.checkpoint_dir, run.fingerprint, cfg, run.world
+    )
+    if run.history and len(run.history) == cfg.steps and "eval/em" not in run.history[-1]:
+        evaluate_into(run, run.history[-1])  # this run's last step evaluates; the checkpoint's run had more steps
+    run.live = open_live(live_dir, run.history) if is_rank0() else None
+    if run.live is not None:
+        run.live.step = start_step
+    return start_step
+
+
+def record(run: Run, step: int, metrics: dict[str, float]) -> None:
+    """Log a finished step: dvclive (rank 0), the history, the log line."""
+    if run.live is not None:
+        log_metrics(run.live, metrics)
+    run.history.append(metrics)
+    log_step(step, run.params.train.steps, metrics)
+
+
+def run_step(run: Run, step: int) -> None:
+    """Train 0-based ``step``, evaluate and checkpoint when it is due, and record it."""
+    cfg = run.params.train
+    metrics = train_step(run.params, run.engines, run.rollout, run.train_questions, step, run.rank, run.world)
+    if evaluates_at(step, cfg):
+        evaluate_into(run, metrics)
+    record(run, step, metrics)
+    if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+        save_checkpoint(run.engines.checkpointed(), run.checkpoint_dir, step + 1, {"history": run.history},
+                        fingerprint=run.fingerprint)
+
+
+def finish(run: Run, out_model: Path) -> None:
+    """Export the policy and close dvclive."""
+    export_hf(run.engines.actor, run.rollout.tokenizer, out_model)
+    if run.live is not None:
+        run.live.end()
+
+
 def train_rl(
     params: Params,
     *,
@@ -570,28 +684,9 @@ def train_rl(
     env = make_env(params, index_path)
     rollout = Rollout(rollout_engine, env, rollout_engine.tokenizer)
 
-    start_step, history = restore(engines, rollout_engine, checkpoint_dir, fingerprint, cfg, world)
-    if history and len(history) == cfg.steps and "eval/em" not in history[-1]:
-        if is_rank0():  # this run's last step evaluates; the checkpoint's run had more steps
-            history[-1].update(held_out_eval(rollout, eval_questions, params))
-        barrier()
-    live = open_live(live_dir, history) if is_rank0() else None
-    if live is not None:
-        live.step = start_step
+    run = Run(params, engines, rollout, train_questions, eval_questions, checkpoint_dir, fingerprint, rank, world)
+    start_step = resume(run, live_dir)
     for step in range(start_step, cfg.steps):
-        metrics = train_step(params, engines, rollout, train_questions, step, rank, world)
-        if evaluates_at(step, cfg):
-            if is_rank0():
-                metrics.update(held_out_eval(rollout, eval_questions, params))
-            barrier()
-        if live is not None:
-            log_metrics(live, metrics)
-        history.append(metrics)
-        log_step(step, cfg.steps, metrics)
-        if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
-            save_checkpoint(engines.checkpointed(), checkpoint_dir, step + 1, {"history": history}, fingerprint=fingerprint)
-
-    export_hf(engines.actor, rollout.tokenizer, out_model)
-    if live is not None:
-        live.end()
-    return {"steps": cfg.steps, "start_step": start_step, "last": history[-1] if history else {}}
+        run_step(run, step)
+    finish(run, out_model)
+    return {"steps": cfg.steps, "start_step": start_step, "last": run.history[-1] if run.history else {}}
