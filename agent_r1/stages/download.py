@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 
 from agent_r1 import paths
 from agent_r1.config import Params
@@ -19,25 +20,27 @@ from agent_r1.stages.common import run_stage
 log = logging.getLogger(__name__)
 
 
-def download(params: Params) -> None:
-    log.info("policy model -> %s", paths.POLICY_DIR)
-    prepare_policy(params.model, paths.POLICY_DIR)
-    log.info("dense encoder -> %s", paths.ENCODER_DIR)
-    prepare_encoder(params.retrieval.encoder, paths.ENCODER_DIR)
-    download_data(params)
+def download(
+    params: Params, *, policy: Path = paths.POLICY_DIR, encoder: Path = paths.ENCODER_DIR, raw: Path = paths.RAW_DIR
+) -> None:
+    log.info("policy model -> %s", policy)
+    prepare_policy(params.model, policy)
+    log.info("dense encoder -> %s", encoder)
+    prepare_encoder(params.retrieval.encoder, encoder)
+    download_data(params, raw)
 
 
-def download_data(params: Params) -> None:
+def download_data(params: Params, raw: Path = paths.RAW_DIR) -> None:
     """``data/raw``: each real source's official file in its own folder, and ``source.json`` naming them."""
     sources = params.data.real_sources
     if not sources:
-        with atomic_dir(paths.RAW_DIR) as tmp:
+        with atomic_dir(raw) as tmp:
             write_json(tmp / paths.RAW_SOURCE.name, {"source": "synthetic", "file": None})
         return
     from agent_r1.data.official import DownloadError, download_official
 
     # all sources or none: a failed download leaves the previous data/raw as it was
-    with atomic_dir(paths.RAW_DIR) as tmp:
+    with atomic_dir(raw) as tmp:
         files = {}
         for source in sources:
             cfg = params.data.real_for(source)

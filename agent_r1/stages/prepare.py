@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 import pandas as pd
 
@@ -15,7 +16,7 @@ from agent_r1.stages.common import run_stage
 log = logging.getLogger(__name__)
 
 
-def load_source(params: Params) -> tuple[pd.DataFrame, pd.DataFrame]:
+def load_source(params: Params, raw: Path = paths.RAW_DIR) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Questions (with ``split`` set) and corpus for the configured source(s).
 
     Real sources: each in-domain source is split into train/test by a hash of the
@@ -30,16 +31,17 @@ def load_source(params: Params) -> tuple[pd.DataFrame, pd.DataFrame]:
 
     from agent_r1.data.official import read_official, split_questions
 
-    manifest = json.loads(paths.RAW_SOURCE.read_text())
+    manifest_file = raw / paths.RAW_SOURCE.name
+    manifest = json.loads(manifest_file.read_text())
     held = sorted(manifest.get("sources", {}))
     if held != sorted(data.real_sources):
         raise ValueError(
-            f"{paths.RAW_SOURCE} holds {held} but data.source + data.test_only name {data.real_sources}: "
+            f"{manifest_file} holds {held} but data.source + data.test_only name {data.real_sources}: "
             "run the download stage"
         )
     questions, corpora = [], []
     for source in data.real_sources:
-        q, c = read_official(source, paths.RAW_DIR / manifest["sources"][source], data.real.max_questions)
+        q, c = read_official(source, raw / manifest["sources"][source], data.real.max_questions)
         if source in data.test_only:
             q = q.assign(split="test")
         else:
@@ -61,17 +63,19 @@ def summary(questions: pd.DataFrame, corpus: pd.DataFrame) -> dict:
     return out
 
 
-def prepare(params: Params) -> None:
-    questions, corpus = load_source(params)
+def prepare(
+    params: Params, *, raw: Path = paths.RAW_DIR, out: Path = paths.PREPARED_DIR, metrics: Path = paths.PREPARE_METRICS
+) -> None:
+    questions, corpus = load_source(params, raw)
     log.info("%d questions, %d documents", len(questions), len(corpus))
-    with atomic_dir(paths.PREPARED_DIR) as tmp:
+    with atomic_dir(out) as tmp:
         for split in ("train", "test"):
             part = questions[questions["split"] == split].reset_index(drop=True)
             if part.empty:
                 raise ValueError(f"data.source {params.data.source!r} produced no {split} questions")
             part.to_parquet(tmp / f"{split}.parquet", index=False)
         corpus.to_parquet(tmp / paths.CORPUS.name, index=False)
-    write_json(paths.PREPARE_METRICS, summary(questions, corpus))
+    write_json(metrics, summary(questions, corpus))
 
 
 if __name__ == "__main__":
