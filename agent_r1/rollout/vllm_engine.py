@@ -126,13 +126,12 @@ class VLLMEngine(GenerationEngine):
     count while vLLM runs (``None`` = every core this process may use; in
     process there is no worker for ``VLLM_CPU_OMP_THREADS_BIND`` to pin, vLLM's
     kernels run on the calling thread's OpenMP pool), and ``kv_cache_gib`` is
-    the RAM set aside for the KV cache up front (1 GiB holds ~23k tokens of
-    SmolLM2-135M in float32, ~46k in bfloat16; requests beyond it wait or are
+    the RAM set aside for the KV cache up front (requests beyond it wait or are
     preempted, never fail). On a GPU: ``gpu_memory_utilization`` is the share
     of GPU memory vLLM takes for weights and KV cache, and the thread count is
     left alone. ``enable_prefix_caching`` lets a turn reuse the KV of the
     history it re-sends. ``enforce_eager`` skips torch.compile and CUDA graphs
-    (engine start ~8 s instead of minutes of inductor compile on 2 cores).
+    (the engine starts in seconds instead of minutes of inductor compile on CPU).
     Extra keyword arguments go to ``vllm.LLM``.
     """
 
