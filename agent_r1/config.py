@@ -337,10 +337,10 @@ class ProcessRewardConfig(_Strict):
     """
 
     enabled: bool = True
-    valid_call: float = Field(0.02, ge=-1.0, le=1.0, description="each well-formed tool call")
-    new_support_doc: float = Field(0.1, ge=-1.0, le=1.0, description="a search surfaces a supporting doc not seen before")
+    valid_call: float = Field(0.0, ge=-1.0, le=1.0, description="each well-formed tool call")
+    new_support_doc: float = Field(0.05, ge=-1.0, le=1.0, description="a search surfaces a supporting doc not seen before")
     invalid_call: float = Field(-0.05, ge=-1.0, le=1.0, description="each malformed / failed tool call")
-    cap: float = Field(0.3, ge=0.0, le=1.0, description="max total positive process reward per episode")
+    cap: float = Field(0.1, ge=0.0, le=1.0, description="max total positive process reward per episode")
     only_if_answered: bool = Field(True, description="positive process rewards only in episodes that answer")
 
 
@@ -413,17 +413,17 @@ class VLLMConfig(_Strict):
 class RolloutConfig(_Strict):
     engine: Literal["transformers", "vllm"] = "transformers"
     n: int = Field(4, ge=1, description="samples per question: one GRPO/RLOO group")
-    temperature: float = Field(1.0, ge=0.0)
+    temperature: float = Field(0.7, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_new_tokens: int = Field(160, ge=1, description="tokens generated per turn")
-    max_total_tokens: int = Field(2048, ge=64, description="prompt + all turns; longer episodes are truncated")
+    max_new_tokens: int = Field(64, ge=1, description="tokens generated per turn")
+    max_total_tokens: int = Field(1024, ge=64, description="prompt + all turns; longer episodes are truncated")
     batch_size: int = Field(32, ge=1, description="episodes decoded at once (slots of the continuous batch)")
     continuous: bool = Field(
         True,
         description="transformers engine: keep each episode's KV cache across turns and refill free slots as "
         "episodes finish; false = one generate() call per turn that re-prefills the whole history",
     )
-    dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    dtype: Literal["bfloat16", "float32"] = "float32"
     seed: Seed = 0
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
 
@@ -446,34 +446,34 @@ class AlgorithmConfig(_Strict):
     clip_ratio_high: float | None = Field(None, gt=0.0)
     dual_clip: float | None = Field(None, gt=1.0)
     value_clip: float = Field(0.2, gt=0.0)
-    kl_coef: float = Field(0.001, ge=0.0, description="KL(actor || reference) penalty in the loss")
+    kl_coef: float = Field(0.0, ge=0.0, description="KL(actor || reference) penalty in the loss")
     kl_kind: Literal["k1", "k2", "k3", "abs"] = "k3"
     entropy_coef: float = Field(0.0, ge=0.0)
     loss_agg: LossAgg = "token-mean"
-    norm_by_std: bool = Field(True, description="GRPO: divide by the group's std")
+    norm_by_std: bool = Field(False, description="GRPO: divide by the group's std")
 
 
 class TrainConfig(_Strict):
-    steps: int = Field(20, ge=0, description="RL steps (one rollout batch each)")
-    questions_per_step: int = Field(8, ge=1, description="questions per step; x rollout.n trajectories")
+    steps: int = Field(10, ge=0, description="RL steps (one rollout batch each)")
+    questions_per_step: int = Field(6, ge=1, description="questions per step; x rollout.n trajectories")
     ppo_epochs: int = Field(1, ge=1)
-    mini_batch_size: int = Field(16, ge=1, description="trajectories per optimizer step")
-    micro_batch_tokens: int = Field(4096, ge=64, description="token budget of one forward/backward")
+    mini_batch_size: int = Field(24, ge=1, description="trajectories per optimizer step")
+    micro_batch_tokens: int = Field(1024, ge=64, description="token budget of one forward/backward")
     pack: bool = Field(
         True, description="actor updates on packed micro-batches (rows concatenated, attention per row): no padding"
     )
-    actor_lr: float = Field(5e-6, gt=0.0)
+    actor_lr: float = Field(1e-5, gt=0.0)
     critic_lr: float = Field(1e-5, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
     grad_clip: float = Field(1.0, gt=0.0)
     warmup_steps: int = Field(0, ge=0)
     zero_stage: Literal[2, 3] = 2
-    bf16: bool = True
-    gradient_checkpointing: bool = True
+    bf16: bool = False
+    gradient_checkpointing: bool = False
     num_procs: int = Field(1, ge=1, description="ranks under the deepspeed launcher")
     save_every: int = Field(5, ge=1, description="checkpoint every N steps")
     eval_every: int = Field(5, ge=1, description="greedy held-out eval every N steps")
-    eval_questions: int = Field(60, ge=1, description="held-out questions for the in-training eval")
+    eval_questions: int = Field(40, ge=1, description="held-out questions for the in-training eval")
     seed: Seed = 0
 
 
@@ -485,7 +485,7 @@ class SFTConfig(_Strict):
     """
 
     enabled: bool = True
-    n_demos: int = Field(100, ge=1)
+    n_demos: int = Field(64, ge=1)
     question_types: list[str] = Field(default_factory=lambda: ["bridge"])
     lr: float = Field(5e-5, gt=0.0)
     epochs: int = Field(1, ge=1)

@@ -12,20 +12,15 @@ even with ``kill -9``, ends its `dvc` and stage processes too (tasks/supervise.p
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 from pathlib import Path
 
-# Offline by design: no usage telemetry from the Prefect server or SDK (set before prefect loads).
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("DO_NOT_TRACK", "1")
+from prefect import Task, flow
+from prefect.tasks import exponential_backoff
 
-from prefect import Task, flow  # noqa: E402
-from prefect.tasks import exponential_backoff  # noqa: E402
-
-from agent_r1.config import load_params, with_presets  # noqa: E402
-from flows.run_lock import cli_lock, exclusive_run, flow_run_name  # noqa: E402
-from tasks.dvc_stage import StageRun, dvc_command, publish_metrics, publish_reports, run_dvc_stage  # noqa: E402
+from agent_r1.config import load_params, with_presets
+from flows.run_lock import cli_lock, exclusive_run, flow_run_name
+from tasks.dvc_stage import StageRun, dvc_command, publish_metrics, publish_reports, run_dvc_stage
 
 
 PAPER_DVCFILE = "paper/dvc.yaml"  # the paper's presets: a pipeline of its own (`make paper`)

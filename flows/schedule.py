@@ -18,14 +18,10 @@ due while one runs is cancelled, not queued. A scheduled run while a
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("DO_NOT_TRACK", "1")
-
-from agent_r1.config import ParamsError, ScheduleConfig, load_params  # noqa: E402
+from agent_r1.config import ParamsError, ScheduleConfig, load_params
 
 
 def cron_schedule(cfg: ScheduleConfig, source: str = "params.yaml"):

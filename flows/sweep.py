@@ -16,25 +16,21 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import subprocess
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("DO_NOT_TRACK", "1")
+import yaml
+from prefect import flow, task
+from prefect.artifacts import create_table_artifact
+from prefect.logging import get_run_logger
 
-import yaml  # noqa: E402
-from prefect import flow, task  # noqa: E402
-from prefect.artifacts import create_table_artifact  # noqa: E402
-from prefect.logging import get_run_logger  # noqa: E402
-
-from agent_r1.compare import Row, collect  # noqa: E402
-from agent_r1.config import ParamsError, parse_params, read_yaml  # noqa: E402
-from flows.run_lock import cli_lock, exclusive_run, flow_run_name  # noqa: E402
-from tasks.dvc_stage import dvc_command, stage_env  # noqa: E402
+from agent_r1.compare import Row, collect
+from agent_r1.config import ParamsError, parse_params, read_yaml
+from flows.run_lock import cli_lock, exclusive_run, flow_run_name
+from tasks.dvc_stage import dvc_command, stage_env
 
 # What the table shows of each experiment: top-level keys of the evaluation metrics.
 TABLE_METRICS = ("em", "f1")

@@ -26,6 +26,8 @@ from prefect.artifacts import (
 )
 from prefect.logging import get_run_logger
 
+from tasks.offline import telemetry_off
+
 # Phrases `dvc repro` prints for a stage it did not run.
 _CACHED_MARKERS = ("didn't change, skipping", "is cached - skipping", "Restored stage")
 
@@ -48,9 +50,7 @@ def stage_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_VARS}
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env.setdefault("PYTHONUNBUFFERED", "1")
-    # Offline by design: DVC otherwise reports usage to its server after each command
-    # (a background `dvc daemon analytics`), in any repo whose config does not turn it off.
-    env.setdefault("DVC_NO_ANALYTICS", "1")
+    telemetry_off(env)  # offline by design, in any repo whose config does not say so
     return env
 
 

@@ -22,6 +22,33 @@ def test_repo_params_file_is_valid() -> None:
     assert set(raw) == set(Params.model_fields)
 
 
+def _schema_keys(model: type, prefix: str = "") -> list[str]:
+    """Every dotted key of the schema (a group's own keys, not the group)."""
+    from pydantic import BaseModel
+
+    out = []
+    for name, field in model.model_fields.items():
+        a = field.annotation
+        nested = isinstance(a, type) and issubclass(a, BaseModel)
+        out += _schema_keys(a, f"{prefix}{name}.") if nested else [f"{prefix}{name}"]
+    return out
+
+
+def test_schema_defaults_are_params_yaml() -> None:
+    """params.yaml is what runs and is measured: the schema's defaults are its values
+    (a Params() in code or a key left out of a file means the same run), and it spells out every key."""
+    assert Params().model_dump() == load_params(ROOT / "params.yaml").model_dump()
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    missing = []
+    for key in _schema_keys(Params):
+        node = raw
+        for part in key.split("."):
+            node = node.get(part, missing) if isinstance(node, dict) else missing
+        if node is missing:
+            missing.append(key)
+    assert missing == [], f"params.yaml does not document {missing}"
+
+
 @pytest.mark.parametrize(
     ("raw", "expected"),
     [

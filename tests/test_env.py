@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent_r1.config import EnvConfig, RetrievalConfig
+from agent_r1.config import EnvConfig, ProcessRewardConfig, RetrievalConfig, RewardConfig
 from agent_r1.env import TERMINATIONS, Episode, SearchTool, Tool, ToolEnv
 from agent_r1.retrieval.base import Hit
 
@@ -65,9 +65,13 @@ class HangingTool(Tool):
         return []
 
 
+# Process rewards that pay for calls too (params.yaml's valid_call is 0), so every term shows in the sums below.
+PAID_CALLS = RewardConfig(process=ProcessRewardConfig(valid_call=0.02, new_support_doc=0.1, invalid_call=-0.05, cap=0.3))
+
+
 def make_env(index: Any = None, **cfg: Any) -> tuple[ToolEnv, CountingIndex]:
     index = index or CountingIndex()
-    return ToolEnv([SearchTool(index, 3)], EnvConfig(**cfg)), index
+    return ToolEnv([SearchTool(index, 3)], EnvConfig(**{"reward": PAID_CALLS, **cfg})), index
 
 
 # ----------------------------------------------------------------- reset
@@ -299,7 +303,7 @@ def test_full_episode_over_a_real_bm25_index(tmp_path) -> None:
                  "Ilsa Brandt is an engineer born in Quorvale.", "Tarvel Systems builds water pumps."],
     })
     index = build_index("bm25", corpus, tmp_path / "idx", RetrievalConfig())
-    env = ToolEnv([SearchTool(index, 1)], EnvConfig())
+    env = ToolEnv([SearchTool(index, 1)], EnvConfig(reward=PAID_CALLS))
     ep = env.reset(RECORD)
     [r1] = env.step_batch([ep], ["<search>Velmora Labs founder</search>"])
     assert "Doc 1 (Velmora Labs): Velmora Labs is a robotics company founded by Ilsa Brandt." in r1.observation

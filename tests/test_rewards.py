@@ -62,8 +62,12 @@ def test_outcome_reward(scheme: str, metric: str, answer: str | None, valid: boo
     assert outcome_reward(answer, golds, valid, cfg) == pytest.approx(expected)
 
 
+# Process rewards that pay for calls too (params.yaml's valid_call is 0): every term of the sum is exercised.
+PAID_CALLS = ProcessRewardConfig(valid_call=0.02, new_support_doc=0.1, invalid_call=-0.05, cap=0.3)
+
+
 def test_turn_process_reward() -> None:
-    cfg = ProcessRewardConfig()  # valid 0.02, support 0.1, invalid -0.05
+    cfg = PAID_CALLS  # valid 0.02, support 0.1, invalid -0.05
     assert turn_process_reward(1, 1, 0, cfg) == pytest.approx(0.12)
     assert turn_process_reward(2, 0, 1, cfg) == pytest.approx(-0.01)
     assert turn_process_reward(0, 0, 0, cfg) == 0.0
@@ -71,7 +75,7 @@ def test_turn_process_reward() -> None:
 
 
 def test_finalize_process_rewards() -> None:
-    cfg = ProcessRewardConfig()  # cap 0.3, only_if_answered
+    cfg = PAID_CALLS  # cap 0.3, only_if_answered
     assert finalize_process_rewards([0.12, 0.12, 0.12, 0.0], True, cfg) == pytest.approx([0.1, 0.1, 0.1, 0.0])
     assert finalize_process_rewards([0.2, -0.05, 0.2], True, cfg) == pytest.approx([0.15, -0.05, 0.15])
     assert finalize_process_rewards([0.12, 0.02], True, cfg) == pytest.approx([0.12, 0.02])  # under the cap
@@ -163,8 +167,8 @@ def test_never_answering_never_beats_answering_wrong_with_the_same_searches(
     assert never < wrong
 
 
-def test_default_reward_totals_on_worked_episodes() -> None:
-    env = ToolEnv([SearchTool(TitleIndex(), 3)], EnvConfig())
+def test_reward_totals_on_worked_episodes() -> None:
+    env = ToolEnv([SearchTool(TitleIndex(), 3)], EnvConfig(reward=RewardConfig(process=PAID_CALLS)))
     # two support-surfacing searches (+0.12 each), correct answer: 1 + 0.24
     assert play(env, ["<search>Velmora Labs</search>", "<search>Ilsa Brandt</search>", f"<answer>{GOLD}</answer>"]) \
         == pytest.approx(1.24)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent_r1.config import EnvConfig, RetrievalConfig, RolloutConfig
+from agent_r1.config import EnvConfig, ProcessRewardConfig, RetrievalConfig, RewardConfig, RolloutConfig
 from agent_r1.data.schema import corpus_frame
 from agent_r1.env import SearchTool, ToolEnv
 from agent_r1.retrieval import build_index
@@ -129,8 +129,13 @@ def tokenizer(model_dir: Path):
     return AutoTokenizer.from_pretrained(model_dir)
 
 
+# Process rewards that pay for calls too (params.yaml's valid_call is 0): the expected rewards below hold each term.
+PAID_CALLS = RewardConfig(process=ProcessRewardConfig(valid_call=0.02, new_support_doc=0.1, invalid_call=-0.05, cap=0.3))
+
+
 def make_env(fmt: str = "tags", index=None, **env_kwargs) -> RecordingEnv:
-    return RecordingEnv([SearchTool(index or FakeIndex(), top_k=1)], EnvConfig(format=fmt, **env_kwargs))
+    cfg = EnvConfig(**{"format": fmt, "reward": PAID_CALLS, **env_kwargs})
+    return RecordingEnv([SearchTool(index or FakeIndex(), top_k=1)], cfg)
 
 
 def rollout_cfg(**kwargs) -> RolloutConfig:

@@ -189,3 +189,16 @@ def test_dvc_sends_no_usage_reports(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert analytics(ROOT, clean) == "False"  # .dvc/config
     flow_env = {**stage_env(), **{k: clean[k] for k in ("DVC_GLOBAL_CONFIG_DIR", "DVC_SYSTEM_CONFIG_DIR")}}
     assert analytics(other, flow_env) == "False"  # what a flow gives every dvc command
+
+
+def test_every_flow_turns_telemetry_off_before_prefect_loads() -> None:
+    """`python -m flows.X` imports the flows package first: the switches are set, Prefect not yet loaded."""
+    from tasks.offline import TELEMETRY_OFF
+
+    env = {k: v for k, v in os.environ.items() if k not in TELEMETRY_OFF}
+    env["PYTHONPATH"] = str(ROOT)
+    probe = "import os, sys, flows; print([os.environ.get(k) for k in sys.argv[1:]], 'prefect' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", probe, *TELEMETRY_OFF], cwd=ROOT, env=env, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert out == f"{list(TELEMETRY_OFF.values())} False"

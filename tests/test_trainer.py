@@ -63,6 +63,8 @@ def tiny_params(**train: object) -> Params:
                                             "save_every": 1, "eval_every": 2, "micro_batch_tokens": 512,
                                             "bf16": False, **train}),
         "sft": p.sft.model_copy(update={"n_demos": 4, "batch_size": 2}),
+        # a KL term (params.yaml has none on CPU), so every run here builds and checkpoints the reference too
+        "algorithm": p.algorithm.model_copy(update={"kl_coef": 0.001}),
     })
 
 

@@ -284,6 +284,36 @@ def training_curves(live_dir: Path, out_png: Path, names: tuple[str, ...] | None
     return [e.name for e in experiments]
 
 
+def behaviour_table(results: dict[str, dict], names: dict[str, str]) -> str:
+    """One row per method: how it behaved (answer rate, turns, tool calls, invalid calls)."""
+    detail = ["| Method | n | answer rate | turns | tool calls | invalid-call rate |", "|---|---|---|---|---|---|"]
+    for m, r in results.items():
+        detail.append(
+            f"| {names.get(m, m)} | {r['n']} | {r.get('answer_rate', 1.0):.3f} | {r.get('mean_turns', 1):.2f} "
+            f"| {r.get('mean_tool_calls', 0):.2f} | {r.get('invalid_call_rate', 0):.3f} |"
+        )
+    return "\n".join(detail)
+
+
+def ablation_section(
+    results: dict[str, dict],
+    ablation_of: dict[str, str],
+    names: dict[str, str],
+    paper_em: dict[str, float],
+    ablation_png: Path | None,
+) -> list[str]:
+    """The Table-4-shaped section (and its chart, when ``ablation_png`` is given)."""
+    header, rows = ablation_table(results, ablation_of, names, paper_em)
+    section = ["## Ablations (Table 4 shape)",
+               "Δ = the ablation's average EM minus the full method's; a Δ within about two of its "
+               "standard errors is not resolved by this many held-out questions.",
+               markdown_table(header, rows)]
+    if ablation_png is not None:
+        ablation_chart(results, ablation_of, names, paper_em, ablation_png)
+        section.append(f"![ablations]({ablation_png.name})")
+    return section
+
+
 def write_report(
     eval_dir: Path,
     in_domain: list[str],
@@ -311,24 +341,9 @@ def write_report(
         paper_em = {**PAPER_BASELINE_EM, **paper_em}
     em_header, em_rows = results_table(results, in_domain, "em", labels, paper_em)
     f1_header, f1_rows = results_table(results, in_domain, "f1", labels)
-    detail = ["| Method | n | answer rate | turns | tool calls | invalid-call rate |", "|---|---|---|---|---|---|"]
     names = {**DISPLAY, **labels}
-    for m, r in results.items():
-        detail.append(
-            f"| {names.get(m, m)} | {r['n']} | {r.get('answer_rate', 1.0):.3f} | {r.get('mean_turns', 1):.2f} "
-            f"| {r.get('mean_tool_calls', 0):.2f} | {r.get('invalid_call_rate', 0):.3f} |"
-        )
     sources = f"`{eval_dir}/<method>.json`" + (f" and `{baseline_dir}/` (baselines, warm start)" if baseline_dir else "")
-    ablations: list[str] = []
-    if ablation_of:
-        header, rows = ablation_table(results, ablation_of, names, paper_em)
-        ablations = ["## Ablations (Table 4 shape)",
-                     "Δ = the ablation's average EM minus the full method's; a Δ within about two of its "
-                     "standard errors is not resolved by this many held-out questions.",
-                     markdown_table(header, rows)]
-        if ablation_png is not None:
-            ablation_chart(results, ablation_of, names, paper_em, ablation_png)
-            ablations.append(f"![ablations]({ablation_png.name})")
+    ablations = ablation_section(results, ablation_of, names, paper_em, ablation_png) if ablation_of else []
     text = "\n\n".join(
         [
             "# Results",
@@ -344,7 +359,7 @@ def write_report(
             "## F1",
             markdown_table(f1_header, f1_rows),
             "## Behaviour",
-            "\n".join(detail),
+            behaviour_table(results, names),
             *extra_sections,
         ]
     )

@@ -48,7 +48,7 @@ def tokenize(
 ) -> list[list[str]] | bm25s.tokenization.Tokenized:
     """Lowercase, split on words of 2+ characters, drop English stopwords, stem if we can.
 
-    ``as_ids`` returns bm25s's id form, which indexes ~20% faster than strings.
+    ``as_ids`` returns bm25s's id form, which indexes faster than strings.
     """
     return bm25s.tokenize(texts, stopwords=STOPWORDS, stemmer=stemmer, return_ids=as_ids, show_progress=False)
 

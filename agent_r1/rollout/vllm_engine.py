@@ -38,6 +38,7 @@ import random
 from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -126,13 +127,12 @@ class VLLMEngine(GenerationEngine):
     count while vLLM runs (``None`` = every core this process may use; in
     process there is no worker for ``VLLM_CPU_OMP_THREADS_BIND`` to pin, vLLM's
     kernels run on the calling thread's OpenMP pool), and ``kv_cache_gib`` is
-    the RAM set aside for the KV cache up front (1 GiB holds ~23k tokens of
-    SmolLM2-135M in float32, ~46k in bfloat16; requests beyond it wait or are
+    the RAM set aside for the KV cache up front (requests beyond it wait or are
     preempted, never fail). On a GPU: ``gpu_memory_utilization`` is the share
     of GPU memory vLLM takes for weights and KV cache, and the thread count is
     left alone. ``enable_prefix_caching`` lets a turn reuse the KV of the
     history it re-sends. ``enforce_eager`` skips torch.compile and CUDA graphs
-    (engine start ~8 s instead of minutes of inductor compile on 2 cores).
+    (the engine starts in seconds instead of minutes of inductor compile on CPU).
     Extra keyword arguments go to ``vllm.LLM``.
     """
 
@@ -157,7 +157,6 @@ class VLLMEngine(GenerationEngine):
         # in-process engine core: read by vLLM when the LLM is built (and cached after)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         from transformers import AutoConfig, AutoTokenizer
-        from vllm import LLM
         from vllm.platforms import current_platform
 
         model_config = AutoConfig.from_pretrained(model_path)
@@ -172,37 +171,44 @@ class VLLMEngine(GenerationEngine):
         self._weight_names = _checkpoint_names(model_path)
         memory = _memory_args(self.on_cpu, kv_cache_gib, gpu_memory_utilization)
 
-        _keep_foreign_process_group()
-        _tolerate_unscannable_modules()
-        rng_state = (random.getstate(), torch.get_rng_state(), _numpy_rng_state())
-        set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
-        try:
-            with self._threads():  # model load and KV-cache allocation run on the same pool
-                self.llm = LLM(
-                    model=str(model_path),
-                    dtype=dtype,
-                    seed=seed,
-                    **memory,
-                    max_model_len=max_model_len,
-                    max_num_seqs=max_num_seqs,
-                    enforce_eager=enforce_eager,
-                    enable_prefix_caching=enable_prefix_caching,
-                    logprobs_mode="raw_logprobs",
-                    generation_config="vllm",  # no sampling defaults from generation_config.json
-                    **llm_kwargs,
-                )
-        finally:
-            torch.set_num_threads = set_num_threads  # the CPU worker swaps in a no-op
-            set_num_threads(threads)  # vLLM's worker drops torch to 1 thread "for serving": not the trainer's
-            random.setstate(rng_state[0])
-            torch.set_rng_state(rng_state[1])
-            _restore_numpy_rng_state(rng_state[2])
+        self.llm = self._start_llm(
+            model=str(model_path),
+            dtype=dtype,
+            seed=seed,
+            **memory,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            enforce_eager=enforce_eager,
+            enable_prefix_caching=enable_prefix_caching,
+            logprobs_mode="raw_logprobs",
+            generation_config="vllm",  # no sampling defaults from generation_config.json
+            **llm_kwargs,
+        )
         log.info(
             "vLLM engine on %s (%s, %s, prefix caching %s); stop tokens %s", model_path, dtype,
             f"{self.num_threads} CPU threads, KV cache {self.kv_cache_tokens} tokens" if self.on_cpu
             else f"gpu_memory_utilization {gpu_memory_utilization}",
             enable_prefix_caching, sorted(self.stop_token_ids),
         )
+
+    def _start_llm(self, **llm_args: Any) -> Any:
+        """``vllm.LLM(**llm_args)``, with this process's state as it was before: the torch
+        thread count and the Python/torch/numpy RNGs (the trainer shares the process)."""
+        from vllm import LLM
+
+        _keep_foreign_process_group()
+        _tolerate_unscannable_modules()
+        rng_state = (random.getstate(), torch.get_rng_state(), _numpy_rng_state())
+        set_num_threads, threads = torch.set_num_threads, torch.get_num_threads()
+        try:
+            with self._threads():  # model load and KV-cache allocation run on the same pool
+                return LLM(**llm_args)
+        finally:
+            torch.set_num_threads = set_num_threads  # the CPU worker swaps in a no-op
+            set_num_threads(threads)  # vLLM's worker drops torch to 1 thread "for serving": not the trainer's
+            random.setstate(rng_state[0])
+            torch.set_rng_state(rng_state[1])
+            _restore_numpy_rng_state(rng_state[2])
 
     # ------------------------------------------------------------------ generate
     def generate(

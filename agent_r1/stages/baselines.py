@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from agent_r1 import paths
 from agent_r1.config import Params
@@ -12,24 +13,32 @@ from agent_r1.stages.common import run_stage
 log = logging.getLogger(__name__)
 
 
-def baselines(params: Params) -> None:
+def baselines(
+    params: Params,
+    *,
+    policy: Path = paths.POLICY_DIR,
+    indexes: Path = paths.INDEX_DIR,
+    test_questions: Path = paths.TEST_QUESTIONS,
+    naive_rag: Path = paths.EVAL_METRICS_DIR / "naive_rag.json",
+    base_tool_call: Path = paths.EVAL_METRICS_DIR / "base_tool_call.json",
+) -> None:
     from agent_r1.data.schema import read_questions
     from agent_r1.evaluation.evaluate import evaluate_naive_rag, evaluate_policy, select_questions
     from agent_r1.retrieval import check_index, load_index
 
-    location = paths.index_location(params.retrieval.index)
+    location = paths.index_location(params.retrieval.index, indexes)
     check_index(location)
     records = select_questions(
-        read_questions(paths.TEST_QUESTIONS), params.eval.questions_per_source, params.eval.seed
+        read_questions(test_questions), params.eval.questions_per_source, params.eval.seed
     )
     index = load_index(location)
     log.info("Naive RAG on %d test questions", len(records))
-    rag = evaluate_naive_rag(paths.POLICY_DIR, index, records, params, params.eval.naive_rag_max_new_tokens)
-    write_json(paths.EVAL_METRICS_DIR / "naive_rag.json", rag)
+    rag = evaluate_naive_rag(policy, index, records, params, params.eval.naive_rag_max_new_tokens)
+    write_json(naive_rag, rag)
     log.info("Naive RAG EM %.4f F1 %.4f", rag["em"], rag["f1"])
     log.info("Base Tool Call on %d test questions", len(records))
-    base = evaluate_policy(paths.POLICY_DIR, index, records, params, "base_tool_call")
-    write_json(paths.EVAL_METRICS_DIR / "base_tool_call.json", base)
+    base = evaluate_policy(policy, index, records, params, "base_tool_call")
+    write_json(base_tool_call, base)
     log.info("Base Tool Call EM %.4f F1 %.4f answer rate %.3f", base["em"], base["f1"], base["answer_rate"])
 
 

@@ -1,17 +1,50 @@
-"""What every stage entry point shares: logging set-up and params validation first."""
+"""What every stage entry point shares: logging set-up, params validation first, and path arguments."""
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from agent_r1 import paths
 from agent_r1.config import Params, ParamsError, load_params, with_presets
 from agent_r1.data.schema import SchemaError
 from agent_r1.io import clean_scratch
+
+
+def add_path_arguments(parser: argparse.ArgumentParser, body: Callable[..., None]) -> list[str]:
+    """One ``--name`` option per keyword-only parameter of ``body`` (underscores as dashes),
+    defaulting to the parameter's own default: the stage function is the one place that
+    says which paths a stage reads and writes, and where they are unless given."""
+    names = []
+    for p in inspect.signature(body).parameters.values():
+        if p.kind is inspect.Parameter.KEYWORD_ONLY:
+            shown = "see above" if p.default is None else str(p.default)  # the stage's docstring says
+            parser.add_argument(
+                f"--{p.name.replace('_', '-')}", dest=p.name, type=Path, default=p.default, metavar="PATH",
+                help=f"default: {shown}",
+            )
+            names.append(p.name)
+    return names
+
+
+def stage_parser(
+    name: str, body: Callable[..., None], experiment_arg: bool = False
+) -> tuple[argparse.ArgumentParser, list[str]]:
+    """The stage's command line, and the names of its path arguments."""
+    parser = argparse.ArgumentParser(prog=f"agent_r1.stages.{name}", description=inspect.getdoc(body))
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument(
+        "--presets", default=None,
+        help="a presets file (paper/presets.yaml): its experiments replace params.yaml's",
+    )
+    if experiment_arg:
+        parser.add_argument("--experiment", required=True, help="a key of `experiments` in params.yaml")
+    # the deepspeed launcher passes each rank --local_rank (train.num_procs > 1); LOCAL_RANK says the same
+    parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
+    return parser, add_path_arguments(parser, body)
 
 
 def run_stage(
@@ -21,40 +54,37 @@ def run_stage(
     experiment_arg: bool = False,
     extra_experiments: tuple[str, ...] = (),
 ) -> None:
-    """Validate params (fail fast, naming the key), then run ``body(params)``,
-    or ``body(params, experiment)`` for the per-experiment stages.
+    """Validate params (fail fast, naming the key), then run ``body(params, **paths)``,
+    or ``body(params, experiment, **paths)`` for the per-experiment stages, ``paths``
+    being the keyword-only parameters of ``body`` as given on the command line.
 
     Exit code 2 on bad params, or on input data that breaks the schema, so
     DVC/Prefect report the stage as failed without a traceback burying the message.
     """
-    parser = argparse.ArgumentParser(prog=f"agent_r1.stages.{name}")
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument(
-        "--presets", default=None,
-        help="a presets file (paper/presets.yaml): its experiments replace params.yaml's, "
-        "and their outputs go under the file's folder",
-    )
-    if experiment_arg:
-        parser.add_argument("--experiment", required=True, help="a key of `experiments` in params.yaml")
-    # the deepspeed launcher passes each rank --local_rank (train.num_procs > 1); LOCAL_RANK says the same
-    parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
+    parser, path_names = stage_parser(name, body, experiment_arg)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format=f"%(asctime)s [{name}] %(levelname)s %(message)s", datefmt="%H:%M:%S"
     )
     clean_scratch()  # temp leftovers of a stage killed mid-write (OOM, kill -9); never a live one's
+    params = _checked_params(args, experiment_arg, extra_experiments)
+    paths = {n: getattr(args, n) for n in path_names}
+    try:
+        body(params, args.experiment, **paths) if experiment_arg else body(params, **paths)
+    except SchemaError as exc:  # bad data (a prepared parquet, an official file): the file and problem, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _checked_params(args: argparse.Namespace, experiment_arg: bool, extra_experiments: tuple[str, ...]) -> Params:
+    """``--params`` (with ``--presets``' experiments), the experiment checked; exit 2 naming the key if not."""
     try:
         params = load_params(args.params)
         if args.presets is not None:
             params = with_presets(params, args.presets)
-            paths.set_experiment_root(Path(args.presets).parent)
         if experiment_arg and args.experiment not in (*params.experiments, *extra_experiments):
             raise ParamsError(args.presets or args.params, [f"experiments.{args.experiment}: no such experiment"])
     except ParamsError as exc:
         print(exc, file=sys.stderr)
         sys.exit(2)
-    try:
-        body(params, args.experiment) if experiment_arg else body(params)
-    except SchemaError as exc:  # bad data (a prepared parquet, an official file): the file and problem, no traceback
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    return params

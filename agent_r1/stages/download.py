@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 
 from agent_r1 import paths
 from agent_r1.config import Params
@@ -19,20 +20,22 @@ from agent_r1.stages.common import run_stage
 log = logging.getLogger(__name__)
 
 
-def download(params: Params) -> None:
-    log.info("policy model -> %s", paths.POLICY_DIR)
-    prepare_policy(params.model, paths.POLICY_DIR)
-    log.info("dense encoder -> %s", paths.ENCODER_DIR)
-    prepare_encoder(params.retrieval.encoder, paths.ENCODER_DIR)
-    download_data(params)
+def download(
+    params: Params, *, policy: Path = paths.POLICY_DIR, encoder: Path = paths.ENCODER_DIR, raw: Path = paths.RAW_DIR
+) -> None:
+    log.info("policy model -> %s", policy)
+    prepare_policy(params.model, policy)
+    log.info("dense encoder -> %s", encoder)
+    prepare_encoder(params.retrieval.encoder, encoder)
+    download_data(params, raw)
 
 
-def download_data(params: Params) -> None:
-    """``data/raw``: each downloaded source's file in its own folder, and ``source.json`` naming them."""
+def download_data(params: Params, raw: Path = paths.RAW_DIR) -> None:
+    """``raw``: each downloaded source's file in its own folder, and ``source.json`` naming them."""
     from agent_r1.data.download import DownloadError, download_sources
 
     try:
-        download_sources(params.data, paths.RAW_DIR)
+        download_sources(params.data, raw)
     except DownloadError as exc:
         log.error("%s", exc)
         sys.exit(1)

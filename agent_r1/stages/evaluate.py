@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from agent_r1 import paths
 from agent_r1.config import Params, experiment_params
@@ -18,21 +19,31 @@ log = logging.getLogger(__name__)
 SFT = "sft"  # the warm start's own row in the results table
 
 
-def evaluate(params: Params, experiment: str) -> None:
+def evaluate(
+    params: Params,
+    experiment: str,
+    *,
+    model: Path | None = None,
+    indexes: Path = paths.INDEX_DIR,
+    test_questions: Path = paths.TEST_QUESTIONS,
+    metrics: Path | None = None,
+) -> None:
+    """``model`` (default: the experiment's trained policy, or the warm start) scored into
+    ``metrics`` (default: <metrics/eval>/<experiment>.json)."""
     from agent_r1.data.schema import read_questions
     from agent_r1.evaluation.evaluate import evaluate_policy, select_questions
     from agent_r1.retrieval import check_index, load_index
 
     if experiment == SFT:
         p = params.model_copy(update={"env": params.env.model_copy(update={"one_shot": params.sft.one_shot})})
-        model = paths.SFT_MODEL
+        model = model or paths.SFT_MODEL
     else:
-        p, model = experiment_params(params, experiment), paths.TRAINED_DIR / experiment
-    location = paths.index_location(p.retrieval.index)
+        p, model = experiment_params(params, experiment), model or paths.TRAINED_DIR / experiment
+    location = paths.index_location(p.retrieval.index, indexes)
     check_index(location)
-    records = select_questions(read_questions(paths.TEST_QUESTIONS), p.eval.questions_per_source, p.eval.seed)
+    records = select_questions(read_questions(test_questions), p.eval.questions_per_source, p.eval.seed)
     result = evaluate_policy(model, load_index(location), records, p, experiment)
-    write_json(paths.EVAL_METRICS_DIR / f"{experiment}.json", result)
+    write_json(metrics or paths.EVAL_METRICS_DIR / f"{experiment}.json", result)
     log.info("%s: EM %.4f F1 %.4f answer rate %.3f", experiment, result["em"], result["f1"], result["answer_rate"])
 
 

@@ -7,6 +7,7 @@ sub-queries: a large gap is what makes multi-turn search necessary.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from agent_r1 import paths
 from agent_r1.config import Params
@@ -18,22 +19,31 @@ log = logging.getLogger(__name__)
 KINDS = ("bm25", "dense")
 
 
-def index(params: Params) -> None:
+def index(
+    params: Params,
+    *,
+    corpus: Path = paths.CORPUS,
+    test_questions: Path = paths.TEST_QUESTIONS,
+    encoder: Path = paths.ENCODER_DIR,
+    out: Path = paths.INDEX_DIR,
+    metrics: Path = paths.RETRIEVAL_METRICS,
+) -> None:
+    """One folder per kind under ``out``; recall@k of each in ``metrics``."""
     # Imported here so that bad params are rejected before the heavy imports.
     from agent_r1.data.schema import read_corpus, read_questions
     from agent_r1.retrieval import build_index
     from agent_r1.retrieval.metrics import retrieval_metrics
 
-    corpus = read_corpus(paths.CORPUS)
-    test = read_questions(paths.TEST_QUESTIONS)
+    docs = read_corpus(corpus)
+    test = read_questions(test_questions)
     top_k = params.retrieval.top_k
-    metrics: dict = {"top_k": top_k, "agent_index": params.retrieval.index}
+    scores: dict = {"top_k": top_k, "agent_index": params.retrieval.index}
     for kind in KINDS:
-        log.info("building %s index over %d documents", kind, len(corpus))
-        idx = build_index(kind, corpus, paths.INDEX_DIR / kind, params.retrieval, encoder_dir=paths.ENCODER_DIR)
+        log.info("building %s index over %d documents", kind, len(docs))
+        idx = build_index(kind, docs, out / kind, params.retrieval, encoder_dir=encoder)
         log.info("retrieval metrics for %s on %d test questions (k=%d)", kind, len(test), top_k)
-        metrics[kind] = retrieval_metrics(idx, test, top_k)
-    write_json(paths.RETRIEVAL_METRICS, metrics)
+        scores[kind] = retrieval_metrics(idx, test, top_k)
+    write_json(metrics, scores)
 
 
 if __name__ == "__main__":

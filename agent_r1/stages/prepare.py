@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pandas as pd
 
@@ -25,19 +26,21 @@ def summary(questions: pd.DataFrame, corpus: pd.DataFrame) -> dict:
     return out
 
 
-def prepare(params: Params) -> None:
+def prepare(
+    params: Params, *, raw: Path = paths.RAW_DIR, out: Path = paths.PREPARED_DIR, metrics: Path = paths.PREPARE_METRICS
+) -> None:
     from agent_r1.data.prepare import load_questions_and_corpus
 
-    questions, corpus = load_questions_and_corpus(params.data, paths.RAW_DIR)
+    questions, corpus = load_questions_and_corpus(params.data, raw)
     log.info("%d questions, %d documents", len(questions), len(corpus))
-    with atomic_dir(paths.PREPARED_DIR) as tmp:
+    with atomic_dir(out) as tmp:
         for split in ("train", "test"):
             part = questions[questions["split"] == split].reset_index(drop=True)
             if part.empty:
                 raise ValueError(f"data.source {params.data.source!r} produced no {split} questions")
             part.to_parquet(tmp / f"{split}.parquet", index=False)
         corpus.to_parquet(tmp / paths.CORPUS.name, index=False)
-    write_json(paths.PREPARE_METRICS, summary(questions, corpus))
+    write_json(metrics, summary(questions, corpus))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""report stage: reports/results.md (Table-3-shaped) and its charts; with ``--presets``,
-paper/reports/results.md with the ablation table (Table-4-shaped) too."""
+"""report stage: reports/results.md (Table-3-shaped) and its charts; for the paper presets
+(paper/dvc.yaml), paper/reports/results.md with the ablation table (Table-4-shaped) too."""
 
 from __future__ import annotations
 
@@ -13,27 +13,39 @@ from agent_r1.stages.common import run_stage
 log = logging.getLogger(__name__)
 
 
-def report(params: Params) -> None:
+def report(
+    params: Params,
+    *,
+    train_questions: Path = paths.TRAIN_QUESTIONS,
+    eval_dir: Path = paths.EVAL_METRICS_DIR,
+    baselines: Path | None = None,
+    live: Path = paths.LIVE_DIR,
+    out: Path = paths.RESULTS_MD,
+    chart: Path = paths.RESULTS_PNG,
+    curves: Path = paths.TRAINING_PNG,
+    ablations: Path = paths.ABLATIONS_PNG,
+) -> None:
+    """The results of ``eval_dir`` (the baselines and the warm start from ``baselines`` when
+    given: the paper presets' report reads them from the default pipeline's metrics/eval)."""
     from agent_r1.data.schema import read_questions
     from agent_r1.evaluation.report import training_curves, write_report
 
     # In-domain = the sources the policy trains on; every other test source is out-of-domain.
-    in_domain = sorted(read_questions(paths.TRAIN_QUESTIONS)["source"].unique())
-    curves = training_curves(paths.LIVE_DIR, paths.TRAINING_PNG, tuple(params.experiments))
+    in_domain = sorted(read_questions(train_questions)["source"].unique())
+    shown = training_curves(live, curves, tuple(params.experiments))
     extra = ()
-    if curves:
+    if shown:
         extra = (
             "## Training curves",
-            f"![training curves]({paths.TRAINING_PNG.name})",
-            f"Experiments: {', '.join(curves)}. Per-step values live in `dvclive/<experiment>/`; "
+            f"![training curves]({curves.name})",
+            f"Experiments: {', '.join(shown)}. Per-step values live in `dvclive/<experiment>/`; "
             "compare runs with `dvc plots diff`.",
         )
-    presets = paths.EXPERIMENT_ROOT != Path(".")  # paper/: baselines and the warm start come from metrics/eval
     text = write_report(
-        paths.EVAL_METRICS_DIR, in_domain, paths.RESULTS_MD, paths.RESULTS_PNG, extra,
-        baseline_dir=paths.BASELINE_METRICS_DIR if presets else None,
+        eval_dir, in_domain, out, chart, extra,
+        baseline_dir=baselines,
         experiments=params.experiments,
-        ablation_png=paths.RESULTS_MD.parent / "ablations.png",
+        ablation_png=ablations,
         warm_start=params.sft.enabled,
     )
     print(text)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from agent_r1 import paths
 from agent_r1.config import Params
@@ -12,7 +13,15 @@ from agent_r1.stages.common import run_stage
 log = logging.getLogger(__name__)
 
 
-def sft(params: Params) -> None:
+def sft(
+    params: Params,
+    *,
+    policy: Path = paths.POLICY_DIR,
+    indexes: Path = paths.INDEX_DIR,
+    train_questions: Path = paths.TRAIN_QUESTIONS,
+    out: Path = paths.SFT_MODEL,
+    metrics: Path = paths.SFT_METRICS,
+) -> None:
     from agent_r1.data.schema import read_questions
     from agent_r1.io import atomic_dir
 
@@ -21,26 +30,26 @@ def sft(params: Params) -> None:
         log.info("sft.enabled is false: the warm start is the base model")
         import shutil
 
-        with atomic_dir(paths.SFT_MODEL) as tmp:
-            shutil.copytree(paths.POLICY_DIR, tmp, dirs_exist_ok=True)
-        write_json(paths.SFT_METRICS, {"enabled": False})
+        with atomic_dir(out) as tmp:
+            shutil.copytree(policy, tmp, dirs_exist_ok=True)
+        write_json(metrics, {"enabled": False})
         return
 
     from agent_r1.retrieval import check_index
     from agent_r1.training.sft import train_sft
 
-    location = paths.index_location(params.retrieval.index)
+    location = paths.index_location(params.retrieval.index, indexes)
     check_index(location)
     env_params = params.model_copy(update={"env": params.env.model_copy(update={"one_shot": params.sft.one_shot})})
-    train = read_questions(paths.TRAIN_QUESTIONS).to_dict("records")
+    train = read_questions(train_questions).to_dict("records")
     summary = train_sft(
         env_params,
-        init_model=paths.POLICY_DIR,
+        init_model=policy,
         index_path=location,
         train_questions=train,
-        out_model=paths.SFT_MODEL,
+        out_model=out,
     )
-    write_json(paths.SFT_METRICS, {"enabled": True, **summary})
+    write_json(metrics, {"enabled": True, **summary})
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 
 def relaunch_under_deepspeed(num_procs: int) -> None:
-    """Run this stage again, with the same arguments (--experiment, --presets...), as ``num_procs`` ranks."""
+    """Run this stage again, with the same arguments (--experiment, --presets, paths...), as ``num_procs`` ranks."""
     from agent_r1.training.distributed import free_port
 
     launcher = Path(sys.executable).parent / "deepspeed"
@@ -34,13 +34,28 @@ def relaunch_under_deepspeed(num_procs: int) -> None:
     sys.exit(subprocess.call(cmd))
 
 
-def train(params: Params, experiment: str) -> None:
+def train(
+    params: Params,
+    experiment: str,
+    *,
+    policy: Path = paths.POLICY_DIR,
+    sft: Path = paths.SFT_MODEL,
+    indexes: Path = paths.INDEX_DIR,
+    train_questions: Path = paths.TRAIN_QUESTIONS,
+    test_questions: Path = paths.TEST_QUESTIONS,
+    out: Path | None = None,
+    checkpoints: Path | None = None,
+    live: Path | None = None,
+    metrics: Path | None = None,
+) -> None:
+    """RL from ``sft`` or ``policy`` (the experiment's ``init``). The per-experiment outputs
+    default to <models/trained|checkpoints|dvclive>/<experiment> and metrics/train/<experiment>.json."""
     from agent_r1.data.schema import read_questions
     from agent_r1.retrieval import check_index
 
     exp = params.experiments[experiment]
     p = experiment_params(params, experiment)
-    location = paths.index_location(p.retrieval.index)
+    location = paths.index_location(p.retrieval.index, indexes)
     check_index(location)  # before launching ranks or loading a model
     if p.train.num_procs > 1 and "LOCAL_RANK" not in os.environ:
         relaunch_under_deepspeed(p.train.num_procs)
@@ -49,21 +64,21 @@ def train(params: Params, experiment: str) -> None:
     from agent_r1.training.distributed import is_rank0, shutdown_distributed
     from agent_r1.training.trainer import train_rl
 
-    init = paths.SFT_MODEL if exp.init == "sft" else paths.POLICY_DIR
-    test = read_questions(paths.TEST_QUESTIONS)
+    init = sft if exp.init == "sft" else policy
+    test = read_questions(test_questions)
     per_source = max(1, p.train.eval_questions // max(test["source"].nunique(), 1))
     summary = train_rl(
         p,
         init_model=init,
         index_path=location,
-        train_questions=read_questions(paths.TRAIN_QUESTIONS).to_dict("records"),
+        train_questions=read_questions(train_questions).to_dict("records"),
         eval_questions=select_questions(test, per_source, p.eval.seed),
-        out_model=paths.TRAINED_DIR / experiment,
-        checkpoint_dir=paths.CHECKPOINT_DIR / experiment,
-        live_dir=paths.LIVE_DIR / experiment,
+        out_model=out or paths.TRAINED_DIR / experiment,
+        checkpoint_dir=checkpoints or paths.CHECKPOINT_DIR / experiment,
+        live_dir=live or paths.LIVE_DIR / experiment,
     )
     if is_rank0():
-        write_json(paths.TRAIN_METRICS_DIR / f"{experiment}.json", {"experiment": experiment, "init": exp.init, **summary})
+        write_json(metrics or paths.TRAIN_METRICS_DIR / f"{experiment}.json", {"experiment": experiment, "init": exp.init, **summary})
     shutdown_distributed()
 
 

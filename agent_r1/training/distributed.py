@@ -48,10 +48,10 @@ def on_cpu() -> bool:
 
 
 def _remove_shm_buffer(addr: str, port: str, rank: str) -> None:
-    """Unlink this rank's DeepSpeed CPU all-reduce buffer (66 MB in /dev/shm).
+    """Unlink this rank's DeepSpeed CPU all-reduce buffer in /dev/shm.
 
-    Why: DeepSpeed's shm comm op never removes it, and /dev/shm is RAM: 139
-    runs left 9 GB behind on a 24 GB machine and the next stage was OOM-killed.
+    Why: DeepSpeed's shm comm op never removes it, and /dev/shm is RAM: left
+    behind run after run, the buffers fill memory until a stage is OOM-killed.
     Name as in deepspeed/ops/csrc/cpu/comm/shm.cpp: ``<prefix>_<uid>_<addr>_<port>_<rank>``.
     """
     path = Path("/dev/shm") / f"deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_{rank}"

@@ -1,0 +1,64 @@
+"""Stage paths are command arguments: each dvc.yaml cmd passes the paths its stage declares."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import shlex
+from pathlib import Path, PurePosixPath
+
+import pytest
+import yaml
+
+from agent_r1.stages.common import stage_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+# Written but deliberately undeclared (paper/dvc.yaml's header says why): a preset's trained policy and checkpoints.
+BY_PRODUCTS = {"paper/dvc.yaml": ("paper/models/trained", "paper/checkpoints")}
+
+
+def _declared(stage: dict) -> tuple[set[str], set[str]]:
+    """The stage's deps, and its outs + metrics + plots (entries are paths or one-key dicts)."""
+    def names(key: str) -> set[str]:
+        return {e if isinstance(e, str) else next(iter(e)) for e in stage.get(key, [])}
+
+    return names("deps"), names("outs") | names("metrics") | names("plots")
+
+
+def _related(a: str, b: str) -> bool:
+    """Same path, or one inside the other (an argument may name a folder of declared files, or a file of a declared folder)."""
+    pa, pb = PurePosixPath(a), PurePosixPath(b)
+    return pa == pb or pa in pb.parents or pb in pa.parents
+
+
+def _stages(dvcfile: str) -> list[tuple[str, dict]]:
+    raw = yaml.safe_load((ROOT / dvcfile).read_text())["stages"]
+    key = "grpo"  # an experiment of both params.yaml and paper/presets.yaml
+    out = []
+    for name, stage in raw.items():
+        stage = stage.get("do", stage)
+        out.append((name, yaml.safe_load(yaml.safe_dump(stage).replace("${key}", key))))
+    return out
+
+
+@pytest.mark.parametrize("dvcfile", ["dvc.yaml", "paper/dvc.yaml"])
+def test_stage_commands_pass_exactly_their_declared_paths(dvcfile: str) -> None:
+    for name, stage in _stages(dvcfile):
+        deps, outs = _declared(stage)
+        cmds = stage["cmd"] if isinstance(stage["cmd"], list) else [stage["cmd"]]
+        given: list[str] = []
+        for cmd in cmds:
+            argv = shlex.split(cmd)
+            module = argv[2]
+            body = getattr(importlib.import_module(module), module.rsplit(".", 1)[1])
+            parser, path_names = stage_parser(name, body, "experiment" in inspect.signature(body).parameters)
+            args = parser.parse_args(argv[3:])  # an unknown or misspelt argument fails here
+            flags = {a for a in argv[3:] if a.startswith("--")}
+            for n in path_names:
+                if f"--{n.replace('_', '-')}" in flags:
+                    value = str(getattr(args, n))
+                    known = deps | outs | set(BY_PRODUCTS.get(dvcfile, ()))
+                    assert any(_related(value, d) for d in known), f"{dvcfile}:{name}: --{n} {value} is not declared"
+                    given.append(value)
+        for out in outs:  # every output the stage declares is where the cmd tells it to write
+            assert any(_related(out, g) for g in given), f"{dvcfile}:{name}: {out} is not passed in its cmd"
