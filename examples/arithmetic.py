@@ -1,0 +1,198 @@
+"""Arithmetic word problems solved with a calculator tool: a second task, outside the library.
+
+Nothing here is registered in ``agent_r1``: ``params.yaml`` names the three
+objects as plugins, and the pipeline (``dvc repro``) prepares the problems,
+builds the env with the calculator and scores answers with the numeric reward::
+
+    data:   {source: "examples.arithmetic:ArithmeticProblems", options: {n_train: 400, n_test: 100}}
+    env:    {tools: ["examples.arithmetic:Calculator"], reward: {scheme: "examples.arithmetic:numeric_reward"}}
+
+Each problem takes two operations on two- and three-digit numbers: hard to do in
+the head for a small model, one ``calculate`` call for an agent that uses its tool.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+import random
+from collections.abc import Callable
+from typing import Any
+
+from agent_r1.config import DataConfig, RewardConfig
+from agent_r1.data.schema import corpus_frame, questions_frame
+from agent_r1.data.sources import DataSource
+from agent_r1.env.tools import Tool, ToolExample
+
+SOURCE = "arithmetic"
+_OPERATORS: dict[type, Callable[[float, float], float]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+}
+MAX_EXPRESSION_CHARS = 200
+
+
+# ------------------------------------------------------------------ the tool
+def evaluate_expression(expression: str) -> float:
+    """The value of ``+ - * /`` over numbers and parentheses; ValueError for anything else.
+
+    Parsed with :mod:`ast` and evaluated node by node: never ``eval`` on text a policy wrote.
+    """
+    try:
+        tree = ast.parse(expression.strip(), mode="eval")
+    except SyntaxError as exc:
+        raise ValueError(f"not an arithmetic expression: {exc.msg}") from None
+    return _value(tree.body)
+
+
+def _value(node: ast.AST) -> float:
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        return float(node.value)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        value = _value(node.operand)
+        return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+        left, right = _value(node.left), _value(node.right)
+        if isinstance(node.op, ast.Div) and right == 0:
+            raise ValueError("division by zero")
+        return _OPERATORS[type(node.op)](left, right)
+    raise ValueError(f"only numbers, + - * / and parentheses are allowed, not {ast.unparse(node)!r}")
+
+
+def format_number(value: float) -> str:
+    """``730.0`` -> ``"730"``; other values to at most 6 decimals, trailing zeros dropped."""
+    if value == int(value) and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:.6f}".rstrip("0").rstrip(".")
+
+
+class Calculator(Tool):
+    """``{"expression": "37*24-158"}`` -> ``"730"``."""
+
+    name = "calculate"
+    description = "Evaluate an arithmetic expression (numbers, + - * / and parentheses). Returns its value."
+    parameters = {
+        "type": "object",
+        "properties": {"expression": {"type": "string", "description": "e.g. (12 + 30) * 4"}},
+        "required": ["expression"],
+    }
+    example = ToolExample(
+        question="A farm packs 23 crates with 18 eggs each and breaks 9 eggs. How many eggs are left?",
+        calls=(({"expression": "23*18-9"}, "405"),),
+        answer="405",
+    )
+
+    def validate(self, args: Any) -> str | None:
+        problem = super().validate(args)
+        if problem is not None:
+            return problem
+        if len(args["expression"]) > MAX_EXPRESSION_CHARS:
+            return f"expression is too long ({len(args['expression'])} > {MAX_EXPRESSION_CHARS} characters)"
+        try:
+            evaluate_expression(args["expression"])
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    def execute(self, args: dict[str, Any]) -> str:
+        return format_number(evaluate_expression(args["expression"]))
+
+
+# ---------------------------------------------------------------- the reward
+def parse_number(text: str | None) -> float | None:
+    """The number an answer states (``"730"``, ``"730 pens"``, ``"$1,250"``), or None."""
+    if text is None:
+        return None
+    for token in text.replace(",", "").replace("$", "").split():
+        try:
+            value = float(token.rstrip("."))
+        except ValueError:
+            continue
+        if math.isfinite(value):
+            return value
+    return None
+
+
+def numeric_reward(answer: str | None, golds: list[str], format_valid: bool, cfg: RewardConfig) -> float:
+    """``1`` if the answer's number equals a gold (relative tolerance 1e-6), else ``0``;
+    ``format_score - 1`` when the episode ended without a well-formed answer (as the ``paper`` scheme)."""
+    if not format_valid:
+        return cfg.format_score - 1.0
+    value = parse_number(answer)
+    if value is None:
+        return 0.0
+    return float(any((gold := parse_number(g)) is not None and math.isclose(value, gold, rel_tol=1e-6) for g in golds))
+
+
+# ----------------------------------------------------------- the data source
+def _pens(rng: random.Random) -> tuple[str, str]:
+    boxes, per_box = rng.randint(12, 48), rng.randint(11, 36)
+    sold = rng.randint(100, boxes * per_box - 1)
+    question = (f"A shop has {boxes} boxes of pens with {per_box} pens in each box. "
+                f"It sells {sold} pens. How many pens are left?")
+    return question, f"{boxes}*{per_box}-{sold}"
+
+
+def _change(rng: random.Random) -> tuple[str, str]:
+    books, price = rng.randint(3, 9), rng.randint(13, 47)
+    note = 100 * ((books * price) // 100 + 1)
+    question = f"Mara buys {books} books at {price} dollars each and pays with {note} dollars. How much change does she get?"
+    return question, f"{note}-{books}*{price}"
+
+
+def _trip(rng: random.Random) -> tuple[str, str]:
+    speed, hours, extra = rng.randint(42, 97), rng.randint(3, 9), rng.randint(15, 180)
+    question = (f"A train travels at {speed} km per hour for {hours} hours, then {extra} km more. "
+                "How many km does it travel in total?")
+    return question, f"{speed}*{hours}+{extra}"
+
+
+def _share(rng: random.Random) -> tuple[str, str]:
+    people, apples = rng.randint(3, 12), rng.randint(20, 90)
+    pears = people * rng.randint(5, 15) + (-apples % people)
+    question = f"{people} friends share {apples} apples and {pears} pears equally. How many pieces of fruit does each get?"
+    return question, f"({apples}+{pears})/{people}"
+
+
+TEMPLATES: dict[str, Callable[[random.Random], tuple[str, str]]] = {
+    "pens": _pens, "change": _change, "trip": _trip, "share": _share,
+}
+# The corpus the index stage builds (every pipeline has one); the calculator task does not search it.
+NOTES = {
+    "Order of operations": "Multiplication and division are done before addition and subtraction.",
+    "Sharing equally": "To share a total equally, divide the total by the number of people.",
+    "Change": "The change is the amount paid minus the total price.",
+}
+
+
+def problems(n: int, seed: int) -> list[dict[str, Any]]:
+    """``n`` distinct problems, seeded; each record in the prepared schema but for ``split``."""
+    rng, seen, records = random.Random(seed), set(), []
+    kinds = sorted(TEMPLATES)
+    while len(records) < n:
+        kind = kinds[len(records) % len(kinds)]
+        question, expression = TEMPLATES[kind](rng)
+        if question in seen:
+            continue
+        seen.add(question)
+        answer = format_number(evaluate_expression(expression))
+        records.append({
+            "id": f"{SOURCE}-{len(records):05d}", "question": question, "answers": [answer],
+            "supporting_titles": [], "type": kind, "source": SOURCE, "sub_queries": [expression],
+        })
+    return records
+
+
+class ArithmeticProblems(DataSource):
+    """Generated word problems: ``data.options.n_train`` / ``n_test`` (default 400 / 100), seeded by ``data.seed``."""
+
+    def generate(self, data: DataConfig) -> tuple[Any, Any]:
+        n_train, n_test = int(self.options.get("n_train", 400)), int(self.options.get("n_test", 100))
+        records = problems(n_train + n_test, data.seed)
+        for i, record in enumerate(records):
+            record["split"] = "train" if i < n_train else "test"
+        notes = [{"doc_id": f"{SOURCE}-note-{i}", "title": t, "text": x} for i, (t, x) in enumerate(NOTES.items())]
+        return questions_frame(records, SOURCE), corpus_frame(notes, SOURCE)

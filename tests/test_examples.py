@@ -1,0 +1,89 @@
+"""The example task of ``examples/arithmetic.py``: a tool, a reward and a data source defined
+outside ``agent_r1/`` and used by the pipeline through params alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent_r1.config import DataConfig, RewardConfig, parse_params
+from examples.arithmetic import (
+    ArithmeticProblems,
+    Calculator,
+    evaluate_expression,
+    format_number,
+    numeric_reward,
+    problems,
+)
+
+EXAMPLE_PARAMS = {
+    "data": {"source": "examples.arithmetic:ArithmeticProblems", "options": {"n_train": 40, "n_test": 12}},
+    "env": {"tools": ["examples.arithmetic:Calculator"], "reward": {"scheme": "examples.arithmetic:numeric_reward"}},
+    "sft": {"enabled": False},
+}
+
+
+@pytest.mark.parametrize(
+    ("expression", "value"),
+    [("37*24-158", 730.0), ("(12 + 30) * 4", 168.0), ("-3 + 10 / 4", -0.5), ("2*(3+(4-1))", 12.0)],
+)
+def test_calculator_evaluates_arithmetic(expression: str, value: float) -> None:
+    assert evaluate_expression(expression) == value
+    assert Calculator().validate({"expression": expression}) is None
+    assert Calculator().execute({"expression": expression}) == format_number(value)
+
+
+@pytest.mark.parametrize(
+    ("expression", "why"),
+    [("__import__('os').system('true')", "only numbers"), ("2 ** 10", "only numbers"), ("x + 1", "only numbers"),
+     ("1/0", "division by zero"), ("3 +", "not an arithmetic expression"), ("True + 1", "only numbers")],
+)
+def test_calculator_rejects_what_is_not_arithmetic(expression: str, why: str) -> None:
+    assert why in Calculator().validate({"expression": expression})
+
+
+def test_numeric_reward_compares_numbers_not_strings() -> None:
+    cfg = RewardConfig()
+    assert numeric_reward("730", ["730"], True, cfg) == 1.0
+    assert numeric_reward("730 pens", ["730"], True, cfg) == 1.0
+    assert numeric_reward("$1,250.0", ["1250"], True, cfg) == 1.0
+    assert numeric_reward("731", ["730"], True, cfg) == 0.0
+    assert numeric_reward("many", ["730"], True, cfg) == 0.0
+    assert numeric_reward(None, ["730"], False, cfg) == pytest.approx(cfg.format_score - 1.0)
+
+
+def test_problems_are_seeded_distinct_and_answered_by_their_expression() -> None:
+    first, again, other = problems(60, seed=1), problems(60, seed=1), problems(60, seed=2)
+    assert first == again and first != other
+    assert len({r["question"] for r in first}) == 60
+    for record in first:
+        assert record["answers"] == [format_number(evaluate_expression(record["sub_queries"][0]))]
+        assert float(record["answers"][0]).is_integer() and float(record["answers"][0]) > 0
+
+
+def test_data_source_splits_by_options() -> None:
+    data = DataConfig.model_validate(EXAMPLE_PARAMS["data"])
+    questions, corpus = ArithmeticProblems(EXAMPLE_PARAMS["data"]["source"], data.options).generate(data)
+    assert questions["split"].value_counts().to_dict() == {"train": 40, "test": 12}
+    assert set(questions["source"]) == {"arithmetic"} and len(corpus) > 0
+
+
+def test_params_name_the_example_as_plugins() -> None:
+    params = parse_params(EXAMPLE_PARAMS)
+    assert params.env.tools == ["examples.arithmetic:Calculator"]
+    assert params.data.source == "examples.arithmetic:ArithmeticProblems"
+
+
+@pytest.mark.parametrize("fmt", ["tags", "tool_call"])
+def test_an_episode_with_the_calculator_is_scored_by_the_numeric_reward(fmt: str) -> None:
+    from agent_r1.env import ToolCall, make_env
+
+    params = parse_params({**EXAMPLE_PARAMS, "env": {**EXAMPLE_PARAMS["env"], "format": fmt}})
+    env = make_env(params)  # the index stage still builds one, but this tool set needs none
+    assert list(env.tools) == ["calculate"] and "23*18-9" in "".join(m["content"] for m in env.example_messages)
+    record = problems(1, seed=0)[0] | {"split": "test"}
+    episodes = [env.reset(record) for _ in range(2)]
+    call = env.format.render_call(ToolCall("calculate", {"expression": record["sub_queries"][0]}))
+    [result, _] = env.step_batch(episodes, [call, env.format.render_call(ToolCall("calculate", {"expression": "2 **"}))])
+    assert record["answers"][0] in result.observation and episodes[1].invalid_calls == 1
+    env.step_batch(episodes, [env.format.render_answer(record["answers"][0]), env.format.render_answer("0")])
+    assert [e.outcome_reward for e in episodes] == [1.0, 0.0]
