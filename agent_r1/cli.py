@@ -14,10 +14,11 @@ if TYPE_CHECKING:
 
 
 def _params_check(args: argparse.Namespace) -> int:
-    from agent_r1.config import ParamsError, load_params
+    from agent_r1.config import ParamsError, load_params, plugin_problems
 
     try:
-        load_params(args.file)
+        if problems := plugin_problems(load_params(args.file)):
+            raise ParamsError(args.file, problems)
     except ParamsError as exc:
         print(exc, file=sys.stderr)
         return 2

@@ -29,7 +29,7 @@ from pydantic import (
 )
 
 from agent_r1.paths import REMOTE_INDEX_SCHEMES
-from agent_r1.registry import DATA_SOURCES, ESTIMATORS, FORMATS, REWARDS, TOOLS, Registry, is_plugin
+from agent_r1.registry import DATA_SOURCES, ESTIMATORS, FORMATS, REWARDS, TOOLS, Registry, is_plugin, ref_source
 
 DEFAULT_PARAMS = Path("params.yaml")
 
@@ -538,6 +538,18 @@ class ScheduleConfig(_Strict):
         return v
 
 
+# -------------------------------------------------------------------- plugins
+class PluginsConfig(_Strict):
+    """Where the user's plugins (``package.module:Name`` in any group) live.
+
+    DVC re-runs a stage when its deps change; the stages that use plugins declare
+    this folder as a dep (``${plugins.code}`` in dvc.yaml), so a plugin must live
+    under it (checked when a stage starts, :func:`plugin_problems`).
+    """
+
+    code: str = Field("plugins", min_length=1, description="folder (a package) holding the plugins params name")
+
+
 # ---------------------------------------------------------------------- root
 class Params(_Strict):
     data: DataConfig = DataConfig()
@@ -550,6 +562,7 @@ class Params(_Strict):
     train: TrainConfig = TrainConfig()
     sft: SFTConfig = SFTConfig()
     schedule: ScheduleConfig = ScheduleConfig()
+    plugins: PluginsConfig = PluginsConfig()
     experiments: dict[str, ExperimentConfig] = Field(
         default_factory=lambda: {"grpo": ExperimentConfig(overrides={"env": {"one_shot": False}})}
     )
@@ -602,6 +615,42 @@ def experiment_params(params: "Params", name: str) -> "Params":
     except ValidationError as exc:
         prefix = f"experiments.{name}.overrides."
         raise ValueError("; ".join(prefix + _describe(e) for e in exc.errors())) from None
+
+
+def plugin_refs(params: "Params") -> dict[str, str]:
+    """Every plugin the params name, by key (``env.tools.1``), the experiments' overrides included
+    (``experiments.NAME.overrides.algorithm.name``)."""
+
+    def own(p: Params, prefix: str) -> dict[str, str]:
+        sources = [p.data.source] if isinstance(p.data.source, str) else list(p.data.source)
+        named = {
+            **{f"data.source.{i}": v for i, v in enumerate(sources)},
+            **{f"data.test_only.{i}": v for i, v in enumerate(p.data.test_only)},
+            **{f"env.tools.{i}": v for i, v in enumerate(p.env.tools)},
+            "env.format": p.env.format, "env.reward.scheme": p.env.reward.scheme, "algorithm.name": p.algorithm.name,
+        }
+        return {prefix + k: v for k, v in named.items() if is_plugin(v)}
+
+    refs = own(params, "")
+    for name in params.experiments:
+        overridden = own(experiment_params(params, name), f"experiments.{name}.overrides.")
+        refs |= {k: v for k, v in overridden.items() if v not in refs.values()}
+    return refs
+
+
+def plugin_problems(params: "Params", root: Path = Path(".")) -> list[str]:
+    """``key: problem`` for each plugin that lives outside ``plugins.code``: DVC would not re-run
+    the stages using it when its code changes."""
+    folder = (root / params.plugins.code).resolve()
+    problems = []
+    for key, ref in plugin_refs(params).items():
+        source = ref_source(ref)
+        if source is not None and not source.resolve().is_relative_to(folder):
+            problems.append(
+                f"{key}: plugin {ref!r} lives in {source}, outside plugins.code ({params.plugins.code!r}): "
+                f"DVC would not re-run its stages when it changes; move it there or set plugins.code"
+            )
+    return problems
 
 
 class ParamsError(ValueError):

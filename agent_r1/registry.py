@@ -31,6 +31,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,11 +52,19 @@ def is_plugin(value: str) -> bool:
     return PLUGIN_SEPARATOR in value
 
 
+def _project_importable() -> None:
+    """Plugins live in the project, where the stages run (``python -m`` puts it on the path);
+    a console script (``agent-r1``) starts with its own folder there instead."""
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+
+
 def import_ref(ref: str) -> Any:
     """The object ``"package.module:Name"`` names (``Name`` may be dotted: ``Class.attr``)."""
     module_name, _, attr = ref.partition(PLUGIN_SEPARATOR)
     if not module_name or not attr:
         raise ImportError(f"{ref!r} is not of the form package.module:Name")
+    _project_importable()
     obj: Any = importlib.import_module(module_name)
     for part in attr.split("."):
         if not hasattr(obj, part):

@@ -87,3 +87,46 @@ def test_an_episode_with_the_calculator_is_scored_by_the_numeric_reward(fmt: str
     assert record["answers"][0] in result.observation and episodes[1].invalid_calls == 1
     env.step_batch(episodes, [env.format.render_answer(record["answers"][0]), env.format.render_answer("0")])
     assert [e.outcome_reward for e in episodes] == [1.0, 0.0]
+
+
+def test_a_plugin_outside_plugins_code_is_named_before_a_stage_starts() -> None:
+    """DVC re-runs a stage when its deps change, and ``plugins.code`` is the stages' dep on the
+    user's code: a plugin elsewhere would leave its results stale after an edit."""
+    from agent_r1.config import plugin_problems, plugin_refs
+
+    raw = {**EXAMPLE_PARAMS, "experiments": {"mine": {"overrides": {"env": {"one_shot": False},
+                                                                      "algorithm": {"name": "examples.estimators:x"}}}}}
+    with pytest.raises(ValueError, match="experiments.mine.overrides.algorithm.name: plugin 'examples.estimators:x'"):
+        parse_params(raw)  # the overrides' plugins are checked like the rest
+    params = parse_params(EXAMPLE_PARAMS)
+    assert plugin_refs(params) == {
+        "data.source.0": "examples.arithmetic:ArithmeticProblems", "env.tools.0": "examples.arithmetic:Calculator",
+        "env.reward.scheme": "examples.arithmetic:numeric_reward",
+    }
+    problems = plugin_problems(params)
+    assert [p.split(":")[0] for p in problems] == ["data.source.0", "env.tools.0", "env.reward.scheme"]
+    assert "outside plugins.code ('plugins')" in problems[0]
+    assert plugin_problems(parse_params({**EXAMPLE_PARAMS, "plugins": {"code": "examples"}})) == []
+
+
+def test_params_check_names_a_plugin_outside_plugins_code(tmp_path, capsys) -> None:
+    import yaml
+
+    from agent_r1.cli import main
+
+    (file := tmp_path / "params.yaml").write_text(yaml.safe_dump(EXAMPLE_PARAMS))
+    assert main(["params", "check", str(file)]) == 2
+    assert "env.tools.0: plugin 'examples.arithmetic:Calculator' lives in" in capsys.readouterr().err
+    file.write_text(yaml.safe_dump({**EXAMPLE_PARAMS, "plugins": {"code": "examples"}}))
+    assert main(["params", "check", str(file)]) == 0
+
+
+def test_the_prepare_stage_writes_files_its_readers_accept(tmp_path) -> None:
+    """No problem has supporting titles: the all-empty list column must still be written as list<string>."""
+    from agent_r1.data.schema import read_corpus, read_questions
+    from agent_r1.stages.prepare import prepare
+
+    prepare(parse_params(EXAMPLE_PARAMS), raw=tmp_path / "raw", out=tmp_path / "prepared", metrics=tmp_path / "data.json")
+    test = read_questions(tmp_path / "prepared/test.parquet")
+    assert len(test) == 12 and test["supporting_titles"].map(len).sum() == 0
+    assert len(read_corpus(tmp_path / "prepared/corpus.parquet")) > 0

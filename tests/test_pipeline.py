@@ -68,15 +68,14 @@ def write_params(repo: Path, **overrides: object) -> None:
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory: pytest.TempPathFactory, policy_dir: Path, encoder_dir: Path) -> Path:
-    repo = tmp_path_factory.mktemp("pipeline")
+def make_repo(repo: Path, policy_dir: Path, encoder_dir: Path, **overrides: object) -> Path:
+    """A git + DVC repo at ``repo`` holding the project's code and tiny params (``overrides`` on top)."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for pkg in ("agent_r1", "tasks", "flows"):
+    for pkg in ("agent_r1", "tasks", "flows", "plugins", "examples"):
         shutil.copytree(ROOT / pkg, repo / pkg, ignore=ignore)
     for f in ("dvc.yaml", ".dvcignore", ".gitignore"):
         shutil.copy(ROOT / f, repo / f)
-    write_params(repo, model__path=str(policy_dir), retrieval__encoder__path=str(encoder_dir))
+    write_params(repo, model__path=str(policy_dir), retrieval__encoder__path=str(encoder_dir), **overrides)
     sh(["git", "init", "-q"], repo)
     sh(["git", "config", "user.email", "t@example.com"], repo)
     sh(["git", "config", "user.name", "test"], repo)
@@ -85,6 +84,11 @@ def repo(tmp_path_factory: pytest.TempPathFactory, policy_dir: Path, encoder_dir
     sh(["git", "add", "-A"], repo)
     sh(["git", "commit", "-qm", "pipeline"], repo)
     return repo
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory, policy_dir: Path, encoder_dir: Path) -> Path:
+    return make_repo(tmp_path_factory.mktemp("pipeline"), policy_dir, encoder_dir)
 
 
 @pytest.fixture(scope="module")
@@ -306,3 +310,37 @@ def test_sweep_queues_dvc_experiments_and_tabulates_them(repo: Path, prefect_har
     metrics = json.loads(dvc(repo, "metrics", "diff", "HEAD", "k-0", "--json").stdout)
     assert metrics["metrics/retrieval.json"]["top_k"]["new"] == 2
     assert "sweep" in _artifacts()
+
+
+# The example task (examples/arithmetic.py) from params alone, at toy size. In `make test-slow`:
+# it runs every stage up to evaluate@grpo again on a second repo.
+EXAMPLE_TASK = {
+    "data__source": "examples.arithmetic:ArithmeticProblems",
+    "data__options": {"n_train": 24, "n_test": 8},
+    "env__tools": ["examples.arithmetic:Calculator"],
+    "env__reward__scheme": "examples.arithmetic:numeric_reward",
+    "sft__enabled": False,
+    "plugins__code": "examples",
+}
+
+
+@pytest.mark.slow
+def test_the_example_task_trains_through_dvc_from_params_alone(
+    tmp_path_factory: pytest.TempPathFactory, policy_dir: Path, encoder_dir: Path
+) -> None:
+    repo = make_repo(tmp_path_factory.mktemp("example"), policy_dir, encoder_dir, **EXAMPLE_TASK)
+    dvc(repo, "repro", "evaluate@grpo")
+    data = json.loads((repo / "metrics/data.json").read_text())
+    assert data["train"]["by_source"] == {"arithmetic": 24} and data["test"]["by_source"] == {"arithmetic": 8}
+    assert json.loads((repo / "checkpoints/grpo/latest.json").read_text())["step"] == 2
+    result = json.loads((repo / "metrics/eval/grpo.json").read_text())
+    assert set(result["by_source"]) == {"arithmetic"} and result["n"] == 3
+    history = (repo / "dvclive/grpo/plots/metrics/train/reward.tsv").read_text().splitlines()
+    assert len(history) == 3  # header + one row per RL step
+
+    # The plugin is code the stages depend on: editing it re-runs what uses it, and only that.
+    with (repo / "examples/arithmetic.py").open("a") as f:
+        f.write("\n# edited\n")
+    status = dvc(repo, "status", "--json").stdout
+    changed = set(json.loads(status))
+    assert {"prepare", "train@grpo", "evaluate@grpo"} <= changed and "index" not in changed

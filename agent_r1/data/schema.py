@@ -149,6 +149,27 @@ def _read_prepared(path: str | Path, columns: tuple[str, ...]) -> pd.DataFrame:
     return table.to_pandas()
 
 
+def _write_prepared(df: pd.DataFrame, path: str | Path, columns: tuple[str, ...]) -> None:
+    """``df``'s ``columns`` as parquet with the types readers check: an all-empty list column
+    would otherwise be inferred as ``list<null>`` (a source without supporting titles)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    types = {c: pa.list_(pa.string()) if c in _LIST_COLUMNS else pa.string() for c in columns}
+    schema = pa.schema([(c, types[c]) for c in columns])
+    pq.write_table(pa.Table.from_pandas(df[list(columns)], schema=schema, preserve_index=False), path)
+
+
+def write_questions(df: pd.DataFrame, path: str | Path) -> None:
+    """A questions frame as a prepared file (:func:`read_questions` reads it back)."""
+    _write_prepared(df, path, QUESTION_COLUMNS)
+
+
+def write_corpus(df: pd.DataFrame, path: str | Path) -> None:
+    """A corpus frame as a prepared file (:func:`read_corpus` reads it back)."""
+    _write_prepared(df, path, CORPUS_COLUMNS)
+
+
 def read_questions(path: str | Path) -> pd.DataFrame:
     """A prepared questions file (train/test), checked against the schema: columns, types, records."""
     df = _read_prepared(path, QUESTION_COLUMNS)

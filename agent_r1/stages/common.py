@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from agent_r1.config import Params, ParamsError, load_params, with_presets
+from agent_r1.config import Params, ParamsError, load_params, plugin_problems, with_presets
 from agent_r1.data.schema import SchemaError
 from agent_r1.io import clean_scratch
 
@@ -84,6 +84,8 @@ def _checked_params(args: argparse.Namespace, experiment_arg: bool, extra_experi
             params = with_presets(params, args.presets)
         if experiment_arg and args.experiment not in (*params.experiments, *extra_experiments):
             raise ParamsError(args.presets or args.params, [f"experiments.{args.experiment}: no such experiment"])
+        if problems := plugin_problems(params):
+            raise ParamsError(args.params, problems)
     except ParamsError as exc:
         print(exc, file=sys.stderr)
         sys.exit(2)

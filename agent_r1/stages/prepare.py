@@ -9,6 +9,7 @@ import pandas as pd
 
 from agent_r1 import paths
 from agent_r1.config import Params
+from agent_r1.data.schema import write_corpus, write_questions
 from agent_r1.io import atomic_dir, write_json
 from agent_r1.stages.common import run_stage
 
@@ -38,8 +39,8 @@ def prepare(
             part = questions[questions["split"] == split].reset_index(drop=True)
             if part.empty:
                 raise ValueError(f"data.source {params.data.source!r} produced no {split} questions")
-            part.to_parquet(tmp / f"{split}.parquet", index=False)
-        corpus.to_parquet(tmp / paths.CORPUS.name, index=False)
+            write_questions(part, tmp / f"{split}.parquet")
+        write_corpus(corpus, tmp / paths.CORPUS.name)
     write_json(metrics, summary(questions, corpus))
 
 

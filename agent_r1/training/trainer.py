@@ -53,9 +53,9 @@ import agent_r1
 
 from agent_r1.algorithms import compute_advantages, kl, loss_mask, policy_loss, value_loss
 from agent_r1.algorithms.losses import aggregate
-from agent_r1.config import Params
+from agent_r1.config import Params, plugin_refs
 from agent_r1.io import hash_files, hash_tree
-from agent_r1.registry import ESTIMATORS, is_plugin, ref_source
+from agent_r1.registry import ESTIMATORS, ref_source
 from agent_r1.rollout.trajectory import TrajectoryBatch
 from agent_r1.training.checkpoint import (
     export_hf,
@@ -99,7 +99,7 @@ TRAINING_CODE: tuple[str, ...] = (
 FINGERPRINT_PARTS: dict[str, str] = {
     "params": "params",
     "init_model": "init model (its files' content)",
-    "code": "training code (with a plugin estimator's)",
+    "code": "training code (with the plugins')",
     "data": "data (questions or index)",
 }
 
@@ -145,8 +145,8 @@ def run_fingerprint(
     cadence (so raising ``train.steps`` continues a run)."""
     cfg = params.model_dump(exclude={"experiments": True, "schedule": True, "train": {"steps", "save_every", "eval_every"}})
     code = code_hash()
-    if is_plugin(params.algorithm.name):  # the user's estimator is training code too
-        code = _digest([code, plugin_code_hash(params.algorithm.name)])
+    if refs := plugin_refs(params):  # the user's tools, rewards, estimator... are training code too
+        code = _digest([code, sorted({plugin_code_hash(ref) or "" for ref in refs.values()})])
     return {
         "params": _digest(cfg),
         "init_model": hash_tree(init_model),
