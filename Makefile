@@ -25,7 +25,7 @@ run: $(STAMP)  ## the default pipeline as a Prefect flow over the DVC stages
 paper: $(STAMP)  ## the default pipeline, then every preset of paper/presets.yaml (Tables 3 and 4)
 	$(PY) -m flows.pipeline --paper
 
-test: $(STAMP)  ## fast tests (CI; 12 min on 2 cores, 15 with the venv: --durations shows where it goes); Hypothesis derandomised
+test: $(STAMP)  ## fast tests (CI: at most 15 min on 2 cores; --durations shows where it goes); Hypothesis derandomised
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PY) -m pytest --durations=25
 
 test-slow: $(STAMP)  ## long checks: 10,000 fuzz examples per property (tests/test_fuzz.py)

@@ -1,4 +1,4 @@
-"""The normalised record schemas every data source converts into (DESIGN.md, "Contracts").
+"""The normalised record schemas every data source converts into.
 
 Questions: ``id, question, answers (first canonical, rest aliases),
 supporting_titles, type, source, split, sub_queries``. ``sub_queries`` holds

@@ -19,10 +19,9 @@ fictional entities: two searches, their observations, the answer) as real chat
 turns placed between the system prompt and the question. The example is the
 tool's (:attr:`Tool.example <agent_r1.env.tools.Tool.example>`): the first tool
 of the set that has one; with none, there is no example and the system prompt
-does not mention one. Not as text inside the system prompt: measured with
-SmolLM2-135M (16 samples each, temperature 1), the example written inline in
-the system prompt gave 0 of 48 turns opening with ``<search>``, the same
-example as chat turns 8 of 16 (no example at all: 0 of 32).
+does not mention one. Chat turns rather than text inside the system prompt,
+because a small model imitates turns far more than a described example (the
+README's "Measurements behind the defaults" has the counts).
 
 Parsing policy (the same for both; a violation sets ``error`` and no action
 runs, the env shows the error and counts one invalid call):

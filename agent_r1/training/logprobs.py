@@ -1,7 +1,7 @@
 """Token log-probabilities and values, micro-batched by a token budget.
 
-One update over 32 trajectories with full-vocabulary float32
-logits (49,152 classes) was killed at 24 GB. So logits are never materialised
+Full-vocabulary float32 logits (49,152 classes) for a whole batch of
+trajectories do not fit in memory. So logits are never materialised
 for the whole batch: the backbone runs once, and the LM head + float32
 log-softmax run over chunks of at most ``chunk_tokens`` positions. With
 gradients on, each chunk is wrapped in activation checkpointing, so only the
@@ -211,7 +211,7 @@ class LogprobModel(nn.Module):
         ``score_mask`` ([B, T], optional): score only the tokens where it is set
         (0 elsewhere). Why: the LM head over 49k classes is ~20% of a 135M
         model's FLOPs per token, and a loss that reads only the agent's tokens
-        (~12% of a trajectory) need not pay for it on the tool observations.
+        (a small share of a trajectory) need not pay for it on the tool observations.
         ``packed_lengths``: ``input_ids`` is one row holding sequences of these
         lengths back to back (see :func:`token_logprobs`'s ``packed``).
         """
