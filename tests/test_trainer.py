@@ -457,3 +457,25 @@ def test_kill_9_at_every_point_of_a_step_then_resume_ends_like_an_uninterrupted_
     resumed = run_killed(world, tiny_policy, params, tmp_path / "killed", [(kill, 2)])
     assert resumed["start_step"] == 1
     assert_same_run(tmp_path / "ref", ref, tmp_path / "killed", resumed)
+
+
+def test_a_same_dtype_rollout_engine_samples_with_the_actors_own_weights(tiny_policy: Path) -> None:
+    """ZeRO-2, fp32 both sides: no second copy of the weights, and each optimizer step is what the
+    next rollout sees; a bf16 engine gets a copy, as before."""
+    from agent_r1.rollout import TransformersEngine
+    from agent_r1.training.trainer import sync_rollout_weights, unwrap
+
+    params = tiny_params(actor_lr=1e-3)
+    engines = build_engines(params, tiny_policy)
+    shared, copied = TransformersEngine(tiny_policy, dtype="float32"), TransformersEngine(tiny_policy, dtype="bfloat16")
+    for engine in (shared, copied):
+        sync_rollout_weights(engines.actor, engine, world=1)
+    actor = dict(unwrap(engines.actor).named_parameters())
+    assert all(p.data_ptr() == actor[n].data_ptr() for n, p in shared.model.named_parameters())
+    assert not any(p.data_ptr() == actor[n].data_ptr() for n, p in copied.model.named_parameters())
+
+    before = {n: p.detach().clone() for n, p in actor.items()}
+    rl_step(params, engines, two_samples())
+    moved = [n for n, p in actor.items() if not torch.equal(p, before[n])]
+    assert moved and all(torch.equal(dict(shared.model.named_parameters())[n], actor[n]) for n in moved)
+    assert torch.equal(shared.head_weight, unwrap(engines.actor).get_output_embeddings().weight)

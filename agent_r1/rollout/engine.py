@@ -363,6 +363,21 @@ class TransformersEngine(GenerationEngine):
             raise KeyError(f"update_weights: missing keys {missing[:5]}, unexpected keys {result.unexpected_keys[:5]}")
         self._refresh_head()
 
+    def share_weights(self, state_dict: Mapping[str, torch.Tensor]) -> bool:
+        """Sample with the trainer's own weight tensors instead of a copy, when every parameter has
+        its tensor there in this engine's dtype, device and shape: the optimizer's in-place updates
+        are then what the next rollout sees, and the engine holds no weights of its own. Returns
+        False, changing nothing, when they do not match (then :meth:`update_weights` copies)."""
+        params = dict(self.model.named_parameters())  # a tied head appears once, as the embedding
+        for name, param in params.items():
+            given = state_dict.get(name)
+            if given is None or given.dtype != param.dtype or given.device != param.device or given.shape != param.shape:
+                return False
+        for name, param in params.items():
+            param.data = state_dict[name]
+        self._refresh_head()
+        return True
+
     @torch.inference_mode()
     def generate(
         self,

@@ -235,7 +235,12 @@ def shard(records: list[dict], rank: int, world: int) -> list[dict]:
 
 
 def sync_rollout_weights(actor: Any, rollout_engine: Any, world: int) -> None:
-    """Actor weights -> the rollout engine, in memory (gathered from ZeRO-3 shards when needed)."""
+    """Actor weights -> the rollout engine, in memory (gathered from ZeRO-3 shards when needed).
+
+    ZeRO-1/2 keep the full weights in the module, updated in place by each optimizer step: an
+    engine in the same dtype samples with those very tensors (``share_weights``, re-pointed at
+    every sync so a buffer DeepSpeed replaced is followed) instead of holding a second copy.
+    """
     if actor.zero_optimization_partition_weights():
         state = full_state_dict(actor)  # collective; rank 0 gets the full weights
         if world > 1:
@@ -246,6 +251,8 @@ def sync_rollout_weights(actor: Any, rollout_engine: Any, world: int) -> None:
             state = box[0]
     else:  # ZeRO-1/2: every rank holds the full (bf16) weights
         state = {k: v.detach() for k, v in unwrap(actor).state_dict().items()}
+        if getattr(rollout_engine, "share_weights", None) and rollout_engine.share_weights(state):
+            return
     rollout_engine.update_weights(state)
 
 
