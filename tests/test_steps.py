@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import pytest
 import torch
 
@@ -25,6 +27,11 @@ PROMPT0, A0, O0, A1, O1, A2 = [10, 11, 12], [20, 21], [30, 31], [22], [32, 33, 3
 PROMPT1, B0, P0 = [10, 13], [26, 27], [35]
 
 
+def _logprobs(actions: list[int], base: int) -> list[float]:
+    """Distinct made-up logprobs on the action tokens (so a misplaced one shows), 0 elsewhere."""
+    return [-(base + i) / 10 if a else 0.0 for i, a in enumerate(actions)]
+
+
 def _flat_seqs() -> list[dict]:
     ids0 = PROMPT0 + A0 + O0 + A1 + O1 + A2
     act0 = [0] * 3 + [1, 1] + [0, 0] + [1] + [0, 0, 0] + [1, 1, 1]
@@ -32,12 +39,11 @@ def _flat_seqs() -> list[dict]:
     rew0 = [0.0] * 14
     rew0[4], rew0[7], rew0[13] = 0.1, -0.05, 1.0  # process rewards of turns 0, 1; turn 2's + the outcome
     ids1 = PROMPT1 + B0 + P0
-    lp = lambda act, base: [-(base + i) / 10 if a else 0.0 for i, a in enumerate(act)]  # noqa: E731
     return [
         {"input_ids": ids0, "action_mask": act0, "turn_index": turn0, "token_rewards": rew0,
-         "rollout_logprobs": lp(act0, 1), "group_id": 0, "prompt_length": 3, "info": {"question_id": "q0"}},
+         "rollout_logprobs": _logprobs(act0, 1), "group_id": 0, "prompt_length": 3, "info": {"question_id": "q0"}},
         {"input_ids": ids1, "action_mask": [0, 0, 1, 1, 0], "turn_index": [-1, -1, 0, 0, 0],
-         "token_rewards": [0.0, 0.0, 0.0, 0.5, 0.0], "rollout_logprobs": lp([0, 0, 1, 1, 0], 20),
+         "token_rewards": [0.0, 0.0, 0.0, 0.5, 0.0], "rollout_logprobs": _logprobs([0, 0, 1, 1, 0], 20),
          "group_id": 1, "prompt_length": 2, "info": {"question_id": "q1"}},
     ]
 
@@ -162,13 +168,13 @@ def test_action_token_logprobs_agree_between_flat_and_steps(three_turn_rollout, 
 
 
 # ------------------------------------------------------------ (3) bad input
-def _mutated(edit) -> TrajectoryBatch:
+def _mutated(edit: Callable[[dict], None]) -> TrajectoryBatch:
     seqs = _flat_seqs()
     edit(seqs[0])
     return TrajectoryBatch.from_sequences(seqs, pad_id=PAD)
 
 
-def _set(key: str, pos: int, value) -> object:
+def _set(key: str, pos: int, value: float) -> Callable[[dict], None]:
     return lambda s: s[key].__setitem__(pos, value)
 
 
@@ -182,7 +188,7 @@ def _set(key: str, pos: int, value) -> object:
     (_set("token_rewards", 5, 0.3), r"trajectory 0: reward 0.3\d* on non-action position 5"),
     (lambda s: s.update(prompt_length=14), r"trajectory 0: prompt_length 14 of 14 tokens leaves no action"),
 ])
-def test_inconsistent_trajectories_are_refused(edit, message: str) -> None:
+def test_inconsistent_trajectories_are_refused(edit: Callable[[dict], None], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         steps_from_trajectories(_mutated(edit))
 
