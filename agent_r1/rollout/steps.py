@@ -128,7 +128,7 @@ class StepBatch:
         )
 
 
-def _pad(rows: list[list], pad: float, dtype: torch.dtype) -> torch.Tensor:
+def _pad(rows: list[list], pad: int | float, dtype: torch.dtype) -> torch.Tensor:
     """``[len(rows), longest]`` tensor of ``rows`` right-padded with ``pad``."""
     width = max((len(r) for r in rows), default=0)
     return torch.tensor([list(r) + [pad] * (width - len(r)) for r in rows], dtype=dtype).reshape(len(rows), width)
