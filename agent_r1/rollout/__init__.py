@@ -1,4 +1,5 @@
-"""Rollouts: generation engines and the multi-turn loop that produces a TrajectoryBatch.
+"""Rollouts: generation engines and the multi-turn loop that produces a TrajectoryBatch
+(flat: one row per episode) or its StepBatch (one row per step, :mod:`agent_r1.rollout.steps`).
 
 Engines are imported lazily by their users' choice (``TransformersEngine``
 loads transformers; ``VLLMEngine`` loads vLLM, an optional dependency), so
@@ -10,15 +11,21 @@ from pathlib import Path
 
 from agent_r1.rollout.engine import GenerationEngine, GenerationOutput, TransformersEngine
 from agent_r1.rollout.loop import run_episodes
+from agent_r1.rollout.steps import Step, StepBatch, broadcast_to_actions, episode_step_matrix, steps_from_trajectories
 from agent_r1.rollout.trajectory import TrajectoryBatch
 
 __all__ = [
     "GenerationEngine",
     "GenerationOutput",
+    "Step",
+    "StepBatch",
     "TransformersEngine",
     "TrajectoryBatch",
+    "broadcast_to_actions",
+    "episode_step_matrix",
     "make_rollout_engine",
     "run_episodes",
+    "steps_from_trajectories",
 ]
 
 
