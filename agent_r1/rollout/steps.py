@@ -252,28 +252,22 @@ def steps_from_trajectories(batch: TrajectoryBatch) -> StepBatch:
 def episode_step_matrix(steps: StepBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(step_rewards [E, S] float32, step_mask [E, S] long, group_id [E] long)``, S = the most steps of an episode.
 
-    ``step_rewards[e, k]`` is episode e's step k reward, 0 where ``step_mask``
-    is 0 (the episode had fewer steps). The layout of a flat batch with one
-    "token" per step: a flat estimator given ``(step_rewards, step_mask)`` as
-    ``(token_rewards, action_mask)`` computes over steps (its discount counts
-    steps, its groups are ``group_id``).
+    The layout of a flat batch with one "token" per step, which the step-level
+    estimators take (:mod:`agent_r1.algorithms.step_advantages`).
     """
-    n_ep = steps.n_episodes
-    width = int(steps.turn.max()) + 1 if len(steps) else 0
-    device = steps.step_reward.device
-    rewards = torch.zeros((n_ep, width), dtype=torch.float32, device=device)
-    mask = torch.zeros((n_ep, width), dtype=torch.long, device=device)
-    rewards[steps.episode, steps.turn] = steps.step_reward.float()
-    mask[steps.episode, steps.turn] = 1
-    group = torch.zeros(n_ep, dtype=torch.long, device=device).scatter_(0, steps.episode, steps.group_id)
+    from agent_r1.algorithms.step_advantages import step_table
+
+    rewards, mask = step_table(steps.step_reward, steps.episode, steps.turn, steps.n_episodes)
+    group = torch.zeros(steps.n_episodes, dtype=torch.long, device=mask.device).scatter_(0, steps.episode, steps.group_id)
     return rewards, mask, group
 
 
 def broadcast_to_actions(steps: StepBatch, values: torch.Tensor) -> torch.Tensor:
     """``[N, L]`` float32: ``values[e, k]`` ([E, S], e.g. step advantages) on the response tokens of
     episode e's step k, 0 on prompts and padding; the inverse of :func:`episode_step_matrix`'s layout."""
-    need = (steps.n_episodes, int(steps.turn.max()) + 1 if len(steps) else 0)
-    if values.ndim != 2 or values.shape[0] != need[0] or values.shape[1] < need[1]:
-        raise ValueError(f"per-step values of shape {tuple(values.shape)}, expected [episodes, steps] = {need}")
-    per_row = values[steps.episode, steps.turn].float()
-    return per_row[:, None] * steps.action_mask.float()
+    from agent_r1.algorithms.step_advantages import broadcast_to_tokens
+
+    _, mask, _ = episode_step_matrix(steps)
+    if values.ndim != 2 or values.shape[0] != mask.shape[0] or values.shape[1] < mask.shape[1]:
+        raise ValueError(f"per-step values of shape {tuple(values.shape)}, expected [episodes, steps] = {tuple(mask.shape)}")
+    return broadcast_to_tokens(values[:, : mask.shape[1]], mask, steps.episode, steps.turn, steps.action_mask)
