@@ -451,6 +451,18 @@ class AlgorithmConfig(_Strict):
     entropy_coef: float = Field(0.0, ge=0.0)
     loss_agg: LossAgg = "token-mean"
     norm_by_std: bool = Field(False, description="GRPO: divide by the group's std")
+    representation: Literal["flat", "step"] = Field(
+        "flat",
+        description="flat: one sequence per trajectory, credit per token; step: one sample per assistant turn "
+        "(its prompt as shown + its response), the estimator over step indices (step-level MDP)",
+    )
+
+    @model_validator(mode="after")
+    def _step_level_critic(self) -> "AlgorithmConfig":
+        # a per-step critic (a value read at each step's last prompt token) is not trained yet
+        if self.representation == "step" and ESTIMATORS.meta(self.name, "needs_critic", False):
+            raise ValueError(f"algorithm.representation: step runs critic-free estimators only; {self.name!r} needs a critic")
+        return self
 
 
 class TrainConfig(_Strict):

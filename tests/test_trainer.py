@@ -26,6 +26,7 @@ from agent_r1.training.trainer import (
     shard,
     step_questions,
     train_rl,
+    unwrap,
 )
 
 
@@ -175,10 +176,10 @@ def test_a_plugin_estimator_trains_with_a_critic_when_it_asks_for_one(
     tiny_policy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``algorithm.name: module:fn`` from the user's code: its ``needs_critic`` decides the critic."""
-    (tmp_path / "user_estimators.py").write_text(PLUGIN_ESTIMATORS)
+    (tmp_path / "trainer_estimators.py").write_text(PLUGIN_ESTIMATORS)
     monkeypatch.syspath_prepend(str(tmp_path))
     batch = two_samples()
-    for name, critic in (("user_estimators:td_error", True), ("user_estimators:outcome", False)):
+    for name, critic in (("trainer_estimators:td_error", True), ("trainer_estimators:outcome", False)):
         params = tiny_params().model_copy(update={"algorithm": AlgorithmConfig(name=name, kl_coef=0.0)})
         engines = build_engines(params, tiny_policy)
         assert (engines.critic is not None) is critic, name
@@ -463,7 +464,7 @@ def test_a_same_dtype_rollout_engine_samples_with_the_actors_own_weights(tiny_po
     """ZeRO-2, fp32 both sides: no second copy of the weights, and each optimizer step is what the
     next rollout sees; a bf16 engine gets a copy, as before."""
     from agent_r1.rollout import TransformersEngine
-    from agent_r1.training.trainer import sync_rollout_weights, unwrap
+    from agent_r1.training.trainer import sync_rollout_weights
 
     params = tiny_params(actor_lr=1e-3)
     engines = build_engines(params, tiny_policy)
@@ -479,3 +480,59 @@ def test_a_same_dtype_rollout_engine_samples_with_the_actors_own_weights(tiny_po
     moved = [n for n, p in actor.items() if not torch.equal(p, before[n])]
     assert moved and all(torch.equal(dict(shared.model.named_parameters())[n], actor[n]) for n in moved)
     assert torch.equal(shared.head_weight, unwrap(engines.actor).get_output_embeddings().weight)
+
+
+def turn_samples(turns: int) -> TrajectoryBatch:
+    """Two samples of one question: a 4-token prompt, then ``turns`` turns of 3 action tokens (each but
+    the last followed by a 3-token observation); outcome rewards 1 and 0 on the last action token."""
+    length = 4 + 3 * turns + 3 * (turns - 1)
+    ids = torch.randint(10, 1000, (2, length))
+    action, turn = torch.zeros(2, length, dtype=torch.long), torch.full((2, length), -1)
+    for k in range(turns):
+        start = 4 + 6 * k
+        action[:, start:start + 3] = 1
+        turn[:, start:start + 6] = k
+    rewards = torch.zeros(2, length)
+    rewards[0, length - 1] = 1.0
+    return TrajectoryBatch(
+        input_ids=ids, attention_mask=torch.ones_like(ids), action_mask=action, turn_index=turn,
+        token_rewards=rewards, rollout_logprobs=torch.zeros(2, length), group_id=torch.tensor([0, 0]),
+        prompt_length=torch.tensor([4, 4]), info=[{}, {}],
+    )
+
+
+def test_step_representation_with_one_step_per_episode_is_the_flat_update(tiny_policy: Path) -> None:
+    """One turn per episode: a step sample is the trajectory itself and step GRPO is flat GRPO,
+    so both representations leave the actor with the same weights."""
+    batch = turn_samples(1)
+    weights = []
+    for representation in ("flat", "step"):
+        params = tiny_params(actor_lr=1e-3)
+        params = params.model_copy(update={"algorithm": params.algorithm.model_copy(
+            update={"representation": representation, "kl_coef": 0.0})})
+        engines = build_engines(params, tiny_policy)
+        metrics = rl_step(params, engines, batch)
+        assert metrics["advantage_abs"] > 0
+        weights.append({n: p.detach().clone() for n, p in unwrap(engines.actor).named_parameters()})
+    assert all(torch.allclose(weights[0][n], weights[1][n], atol=1e-6) for n in weights[0])
+
+
+def test_step_representation_trains_each_turn_as_its_own_sample(tiny_policy: Path) -> None:
+    from agent_r1.rollout.steps import steps_from_trajectories
+    from agent_r1.training.logprobs import batched_token_logprobs
+
+    params = tiny_params(actor_lr=1e-3)
+    params = params.model_copy(update={"algorithm": params.algorithm.model_copy(update={"representation": "step"})})
+    engines = build_engines(params, tiny_policy)
+    batch = turn_samples(3)
+    steps = steps_from_trajectories(batch)
+    assert len(steps) == 3 * len(batch)  # one sample per turn
+
+    def episode_logprob() -> torch.Tensor:
+        lp = batched_token_logprobs(engines.actor, steps.input_ids, steps.attention_mask, 512) * steps.action_mask
+        return torch.zeros(len(batch)).index_add_(0, steps.episode, lp.sum(-1))
+
+    before = episode_logprob()
+    metrics = rl_step(params, engines, batch)
+    after = episode_logprob()
+    assert metrics["step/samples"] == len(steps) and after[0] > before[0] and after[1] < before[1]

@@ -56,6 +56,8 @@ from agent_r1.algorithms.losses import aggregate
 from agent_r1.config import Params, plugin_refs
 from agent_r1.io import hash_files, hash_tree
 from agent_r1.registry import ESTIMATORS, ref_source
+from agent_r1.algorithms.step_advantages import compute_step_advantages
+from agent_r1.rollout.steps import StepBatch, broadcast_to_actions, episode_step_matrix, steps_from_trajectories
 from agent_r1.rollout.trajectory import TrajectoryBatch
 from agent_r1.training.checkpoint import (
     export_hf,
@@ -497,8 +499,49 @@ def batch_advantages(
     )
 
 
+def step_samples(params: Params, batch: TrajectoryBatch) -> tuple[StepBatch, torch.Tensor]:
+    """``algorithm.representation: step``: the trajectories cut into one sample per step, and the
+    step-level advantages of ``algorithm.name`` on each sample's response tokens."""
+    alg = params.algorithm
+    steps = steps_from_trajectories(batch)
+    step_rewards, step_mask, group = episode_step_matrix(steps)
+    advantages, _ = compute_step_advantages(
+        alg.name, step_rewards=step_rewards, step_mask=step_mask, group_id=group, gamma=alg.gamma, lam=alg.lam,
+        process_rewards=alg.process_rewards_in_advantage, norm_by_std=alg.norm_by_std,
+    )
+    return steps, broadcast_to_actions(steps, advantages)
+
+
+def step_rl_step(params: Params, engines: Engines, batch: TrajectoryBatch, world: int = 1) -> dict[str, float]:
+    """:func:`rl_step` on step samples: each step one sequence, the loss on its response; the
+    mini-batch schedule keeps flat's number of optimizer steps (``mini_batch_size`` counts episodes)."""
+    steps, advantages = step_samples(params, batch)
+    per_episode = len(steps) / max(len(batch), 1)
+    cfg = params.train.model_copy(update={"mini_batch_size": max(1, round(params.train.mini_batch_size * per_episode))})
+    step_params = params.model_copy(update={"train": cfg})
+    mask = steps.action_mask.float()
+    t0 = time.monotonic()
+
+    def scored(engine: Any) -> torch.Tensor:
+        return batched_token_logprobs(engine, steps.input_ids, steps.attention_mask, cfg.micro_batch_tokens,
+                                      temperature=params.rollout.temperature, score_mask=mask)
+
+    on_policy = cfg.ppo_epochs == 1 and math.ceil(len(steps) / cfg.mini_batch_size) == 1
+    old_lp = None if on_policy else scored(engines.actor)
+    ref_lp = scored(engines.reference) if engines.reference is not None else None
+    logprobs_s = time.monotonic() - t0
+    t0 = time.monotonic()
+    metrics = update_actor(step_params, engines, steps, advantages, old_lp, ref_lp, mask, world)
+    metrics |= {"advantage_abs": masked_token_mean(advantages.abs(), mask), "time/update_s": time.monotonic() - t0,
+                "time/logprobs_s": logprobs_s,
+                "step/samples": float(len(steps)), "step/train_tokens": float(steps.attention_mask.sum())}
+    return metrics
+
+
 def rl_step(params: Params, engines: Engines, batch: TrajectoryBatch, world: int = 1) -> dict[str, float]:
     """Everything after the rollout: logprobs, advantages, updates. Returns metrics."""
+    if params.algorithm.representation == "step":
+        return step_rl_step(params, engines, batch, world)
     cfg = params.train
     budget = cfg.micro_batch_tokens
     ids, am = batch.input_ids, batch.attention_mask
