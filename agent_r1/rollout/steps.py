@@ -32,20 +32,17 @@ values (advantages, returns) back on each row's response tokens.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
 
 import torch
 
 from agent_r1.algorithms.masking import response_mask
-from agent_r1.io import atomic_path
-from agent_r1.rollout.trajectory import TrajectoryBatch
+from agent_r1.rollout.trajectory import TrajectoryBatch, batch_to, load_batch, save_batch
 
 STEP_TOKEN_FIELDS: tuple[str, ...] = ("input_ids", "attention_mask", "action_mask", "rollout_logprobs")
 STEP_ROW_FIELDS: tuple[str, ...] = ("step_reward", "turn", "episode", "group_id", "prompt_length")
 
-Batch = TypeVar("Batch")
 
 
 @dataclass(frozen=True)
@@ -93,15 +90,15 @@ class StepBatch:
         return len(self.info)
 
     def to(self, device: str | torch.device) -> "StepBatch":
-        return _to(self, device)
+        return batch_to(self, device)
 
     def save(self, path: str | Path) -> None:
         """torch.save of a plain dict (atomic), loadable with ``weights_only=True``."""
-        _save(self, path)
+        save_batch(self, path)
 
     @classmethod
     def load(cls, path: str | Path) -> "StepBatch":
-        return _load(cls, path)
+        return load_batch(cls, path)
 
     @classmethod
     def from_steps(cls, steps: list[Step], info: list[dict], pad_id: int) -> "StepBatch":
@@ -173,27 +170,6 @@ def _check_episodes(b: StepBatch) -> None:
     first = torch.zeros(n_ep, dtype=b.group_id.dtype, device=b.group_id.device).scatter_(0, b.episode, b.group_id)
     if not torch.equal(first[b.episode], b.group_id):
         raise ValueError("StepBatch.group_id differs between steps of one episode")
-
-
-# ------------------------------------------------------------ generic dataclass plumbing
-def _to(batch: Batch, device: str | torch.device) -> Batch:
-    """A copy of a tensors-plus-``info`` dataclass with every tensor on ``device``."""
-    tensors = {f.name: getattr(batch, f.name).to(device) for f in fields(batch) if f.name != "info"}
-    return type(batch)(**tensors, info=batch.info)
-
-
-def _save(batch: object, path: str | Path) -> None:
-    data = {f.name: getattr(batch, f.name) for f in fields(batch)}
-    with atomic_path(path) as tmp:
-        torch.save(data, tmp)
-
-
-def _load(cls: type[Batch], path: str | Path) -> Batch:
-    data = torch.load(path, map_location="cpu", weights_only=True)
-    expected = {f.name for f in fields(cls)}
-    if set(data) != expected:
-        raise ValueError(f"{path}: not a {cls.__name__} (keys {sorted(data)}, expected {sorted(expected)})")
-    return cls(**data)
 
 
 # ------------------------------------------------------------ flat -> steps

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -33,6 +34,31 @@ TOKEN_FIELDS: tuple[str, ...] = (
     "token_rewards",
     "rollout_logprobs",
 )
+
+
+Batch = TypeVar("Batch")
+
+
+def batch_to(batch: Batch, device: str | torch.device) -> Batch:
+    """A copy of a tensors-plus-``info`` dataclass with every tensor on ``device``."""
+    tensors = {f.name: getattr(batch, f.name).to(device) for f in fields(batch) if f.name != "info"}
+    return type(batch)(**tensors, info=batch.info)
+
+
+def save_batch(batch: object, path: str | Path) -> None:
+    """torch.save of the dataclass as a plain dict (atomic), loadable with ``weights_only=True``."""
+    data = {f.name: getattr(batch, f.name) for f in fields(batch)}
+    with atomic_path(path) as tmp:
+        torch.save(data, tmp)
+
+
+def load_batch(cls: type[Batch], path: str | Path) -> Batch:
+    """What :func:`save_batch` wrote, checked to hold exactly ``cls``'s fields."""
+    data = torch.load(path, map_location="cpu", weights_only=True)
+    expected = {f.name for f in fields(cls)}
+    if set(data) != expected:
+        raise ValueError(f"{path}: not a {cls.__name__} (keys {sorted(data)}, expected {sorted(expected)})")
+    return cls(**data)
 
 
 @dataclass
@@ -62,26 +88,18 @@ class TrajectoryBatch:
         return self.input_ids.shape[0]
 
     def to(self, device: str | torch.device) -> "TrajectoryBatch":
-        tensors = {f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name != "info"}
-        return TrajectoryBatch(**tensors, info=self.info)
+        return batch_to(self, device)
 
     def response_mask(self) -> torch.Tensor:
         """1 on every real token after the prompt (actions and observations), 0 on prompt and padding."""
         return response_mask(self.attention_mask, self.prompt_length)
 
     def save(self, path: str | Path) -> None:
-        """torch.save of a plain dict (atomic), loadable with ``weights_only=True``."""
-        data = {f.name: getattr(self, f.name) for f in fields(self)}
-        with atomic_path(path) as tmp:
-            torch.save(data, tmp)
+        save_batch(self, path)
 
     @classmethod
     def load(cls, path: str | Path) -> "TrajectoryBatch":
-        data = torch.load(path, map_location="cpu", weights_only=True)
-        expected = {f.name for f in fields(cls)}
-        if set(data) != expected:
-            raise ValueError(f"{path}: not a TrajectoryBatch (keys {sorted(data)}, expected {sorted(expected)})")
-        return cls(**data)
+        return load_batch(cls, path)
 
     @classmethod
     def from_sequences(cls, seqs: list[dict], pad_id: int) -> "TrajectoryBatch":
