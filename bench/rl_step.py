@@ -84,6 +84,8 @@ def source_tree(rev: str, scratch: Path) -> Path:
         return ROOT
     archive = subprocess.run(["git", "archive", rev], cwd=ROOT, check=True, capture_output=True).stdout
     tree = scratch / rev
+    if tree.is_dir():  # two sides of one revision (different overrides) share its tree
+        return tree
     tree.mkdir(parents=True)
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(tree, filter="data")
