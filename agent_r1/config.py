@@ -364,6 +364,29 @@ class RewardConfig(_Strict):
     process: ProcessRewardConfig = ProcessRewardConfig()
 
 
+class ContextConfig(_Strict):
+    """What the policy is shown of its earlier turns: context management at step boundaries.
+
+    Both null (default): the full history, one ever-growing sequence. Otherwise
+    older observations are shown shortened (search hits by title, other results
+    cut to ``short_chars``); the policy's own actions are always shown as
+    generated. A managed context is recorded per step, so it trains with
+    ``algorithm.representation: step`` only.
+    """
+
+    keep_last: int | None = Field(
+        None, ge=0, description="observations shown in full, counting back from the latest; older ones shortened (null: all)"
+    )
+    max_tokens: int | None = Field(
+        None, ge=1, description="shorten the oldest observations until the context has at most this many tokens (null: no budget)"
+    )
+    short_chars: int = Field(80, ge=1, description="characters of a shortened non-search result")
+
+    @property
+    def managed(self) -> bool:
+        return self.keep_last is not None or self.max_tokens is not None
+
+
 class EnvConfig(_Strict):
     format: Annotated[str, AfterValidator(_registered(FORMATS))] = "tags"
     tools: list[Annotated[str, AfterValidator(_registered(TOOLS))]] = Field(
@@ -378,6 +401,7 @@ class EnvConfig(_Strict):
     # le: threading's join overflows above ~9e9 s, and an hour already stalls a whole rollout step
     tool_timeout_s: float = Field(10.0, gt=0.0, le=3600.0)
     reward: RewardConfig = RewardConfig()
+    context: ContextConfig = ContextConfig()
 
     @field_validator("tools")
     @classmethod
@@ -454,15 +478,9 @@ class AlgorithmConfig(_Strict):
     representation: Literal["flat", "step"] = Field(
         "flat",
         description="flat: one sequence per trajectory, credit per token; step: one sample per assistant turn "
-        "(its prompt as shown + its response), the estimator over step indices (step-level MDP)",
+        "(its prompt as shown + its response), the estimator over step indices (step-level MDP; a critic "
+        "reads one value per step, at its last prompt token)",
     )
-
-    @model_validator(mode="after")
-    def _step_level_critic(self) -> "AlgorithmConfig":
-        # a per-step critic (a value read at each step's last prompt token) is not trained yet
-        if self.representation == "step" and ESTIMATORS.meta(self.name, "needs_critic", False):
-            raise ValueError(f"algorithm.representation: step runs critic-free estimators only; {self.name!r} needs a critic")
-        return self
 
 
 class TrainConfig(_Strict):
@@ -599,7 +617,25 @@ class Params(_Strict):
                 )
         if self.rollout.max_new_tokens >= self.rollout.max_total_tokens:
             raise ValueError("rollout.max_new_tokens must be smaller than rollout.max_total_tokens")
+        _check_context(self)
         return self
+
+
+def _check_context(params: "Params") -> None:
+    """A managed context trains only as steps, and its budget leaves room to generate."""
+    ctx = params.env.context
+    budget = ctx.max_tokens
+    if budget is not None and budget + params.rollout.max_new_tokens > params.rollout.max_total_tokens:
+        raise ValueError(
+            f"env.context.max_tokens ({budget}) + rollout.max_new_tokens ({params.rollout.max_new_tokens}) "
+            f"exceeds rollout.max_total_tokens ({params.rollout.max_total_tokens}): a turn would have no room"
+        )
+    # The shared params only seed the experiments; each experiment's own merge is checked too.
+    if ctx.managed and params.algorithm.representation == "flat" and not params.experiments:
+        raise ValueError(
+            "env.context shortens earlier observations, which a flat trajectory (one sequence of the full "
+            "history) cannot record: set algorithm.representation: step, or env.context.keep_last/max_tokens: null"
+        )
 
 
 def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

@@ -314,6 +314,31 @@ def test_sweep_queues_dvc_experiments_and_tabulates_them(repo: Path, prefect_har
 
 # The example task (examples/arithmetic.py) from params alone, at toy size. In `make test-slow`:
 # it runs every stage up to evaluate@grpo again on a second repo.
+def test_step_level_training_with_a_managed_context_runs_through_dvc(repo: Path) -> None:
+    """A second experiment from params alone: step representation, older observations by title.
+    Only its own train and evaluate stages run; it trains one sample per step (more samples than
+    episodes), and its evaluation plays the same managed context."""
+    if not (repo / "dvc.lock").exists():
+        dvc(repo, "repro")
+    original = (repo / "params.yaml").read_text()
+    params = yaml.safe_load(original)
+    params["experiments"]["grpo_step"] = {"init": "sft", "overrides": {
+        "env": {"one_shot": False, "context": {"keep_last": 1}}, "algorithm": {"representation": "step"}}}
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    try:
+        out = dvc(repo, "repro", "evaluate@grpo_step").stdout
+        ran = [line for line in out.splitlines() if line.startswith("Running stage")]
+        assert ran == ["Running stage 'train@grpo_step':", "Running stage 'evaluate@grpo_step':"]
+        last = json.loads((repo / "metrics/train/grpo_step.json").read_text())["last"]
+        assert last["step/samples"] == pytest.approx(4 * last["turns"])  # one sample per turn of 2 x 2 episodes
+        assert json.loads((repo / "checkpoints/grpo_step/latest.json").read_text())["step"] == 2
+        assert json.loads((repo / "metrics/eval/grpo_step.json").read_text())["n"] == 6
+        flat = json.loads((repo / "metrics/train/grpo.json").read_text())["last"]
+        assert "step/samples" not in flat
+    finally:
+        (repo / "params.yaml").write_text(original)
+
+
 EXAMPLE_TASK = {
     "data__source": "examples.arithmetic:ArithmeticProblems",
     "data__options": {"n_train": 24, "n_test": 8},

@@ -352,3 +352,112 @@ def test_continuous_rollout_computes_each_token_once_and_matches_teacher_forcing
             assert stats["prefill_tokens"] + stats["decode_tokens"] < stats["row_tokens"]  # the shared prompt
         else:
             assert stats["row_tokens"] == reprefill_work(batch) > 1.2 * final
+
+
+# ------------------------------------------------------------ context management (env.context)
+def test_shown_context_shortens_older_observations_then_the_oldest_to_fit_the_budget() -> None:
+    from agent_r1.config import ContextConfig
+    from agent_r1.rollout.loop import shown_context
+
+    prompt, actions = [1, 2], [[10], [11], [12]]
+    obs = [([20, 21, 23], [22]), ([30, 31, 33], [32]), ([40, 41, 43], [42])]
+    full = [1, 2, 10, 20, 21, 23, 11, 30, 31, 33, 12, 40, 41, 43]
+    assert shown_context(prompt, actions, obs, ContextConfig()) == full
+    assert shown_context(prompt, actions, obs, ContextConfig(keep_last=1)) == [1, 2, 10, 22, 11, 32, 12, 40, 41, 43]
+    assert shown_context(prompt, actions, obs, ContextConfig(keep_last=0)) == [1, 2, 10, 22, 11, 32, 12, 42]
+    assert shown_context(prompt, actions, obs, ContextConfig(keep_last=5)) == full
+    # a budget shortens the oldest full observations first, only as many as it takes
+    assert shown_context(prompt, actions, obs, ContextConfig(max_tokens=12)) == [1, 2, 10, 22, 11, 30, 31, 33, 12, 40, 41, 43]
+    assert shown_context(prompt, actions, obs, ContextConfig(max_tokens=10)) == [1, 2, 10, 22, 11, 32, 12, 40, 41, 43]
+    assert shown_context(prompt, actions, obs, ContextConfig(max_tokens=3)) == [1, 2, 10, 22, 11, 32, 12, 42]  # all it can
+    assert shown_context(prompt, actions[:1], obs[:0], ContextConfig(keep_last=0)) == [1, 2]  # no observation yet
+
+
+class ObservationCountingEngine(GenerationEngine):
+    """Replies ``replies[k]`` where k = the observations in the prompt (``</information>`` tags): the
+    turn index even when earlier observations are shown shortened. Records every prompt."""
+
+    def __init__(self, tokenizer, replies: list[str]):
+        self.tokenizer, self.prompts = tokenizer, []
+        self.replies = [tokenizer(r, add_special_tokens=False)["input_ids"] for r in replies]
+
+    def generate(self, prompts, max_new_tokens, temperature=1.0, top_p=1.0, stop_strings=(), seed=None):
+        outs = []
+        for prompt in prompts:
+            self.prompts.append(list(prompt))
+            ids = self.replies[self.tokenizer.decode(prompt).count("</information>") - 1]  # 1: the system prompt's
+            outs.append(GenerationOutput(list(ids), [-0.5] * len(ids), "stop"))
+        return outs
+
+
+def test_managed_context_shows_older_observations_by_title_and_records_each_turns_context(tokenizer) -> None:
+    """keep_last=1: at turn 2 the first search's documents are shown by title only, the second's in full;
+    the flat record keeps the full history, and the steps train on the contexts as shown."""
+    from agent_r1.rollout.steps import steps_from_trajectories
+
+    replies = ["<search>founder of Velmora Labs</search>", "<search>Ilsa Brandt birthplace</search>",
+               "<answer>Quorvale</answer>"]
+    engine = ObservationCountingEngine(tokenizer, replies)
+    env = make_env("tags", max_turns=3, one_shot=False, context={"keep_last": 1})
+    batch = run_episodes(engine, env, tokenizer, RECORDS[:1], rollout_cfg(n=1, continuous=False))
+    assert batch.info[0]["turns"] == 3 and batch.info[0]["em"] == 1.0
+    full_doc = "Doc 1 (Ilsa Brandt): Ilsa Brandt is an engineer born in Quorvale."
+    flat = tokenizer.decode(batch.input_ids[0, : int(batch.attention_mask[0].sum())])
+    assert flat.count(full_doc) == 2  # the flat record: every observation in full
+
+    contexts = batch.contexts[0]
+    assert [c for c in engine.prompts] == contexts  # the engine saw exactly the recorded contexts
+    shown = [tokenizer.decode(c) for c in contexts]
+    assert shown[0] == tokenizer.decode(batch.input_ids[0, : int(batch.prompt_length[0])])
+    assert shown[1].count(full_doc) == 1  # turn 1: the one observation, in full (keep_last=1)
+    assert shown[2].count(full_doc) == 1 and shown[2].count("<information>Doc 1 (Ilsa Brandt)</information>") == 1
+    assert shown[2].endswith("<|im_start|>assistant\n") and len(contexts[2]) < int(batch.attention_mask[0].sum())
+
+    from agent_r1.rollout.inspect import render  # what `agent-r1 chat` prints
+
+    printed = render(batch, 0, tokenizer)
+    assert printed.count("--- context shown at turn") == 2
+    assert printed.split("--- context shown at turn 2")[1].count("<information>Doc 1 (Ilsa Brandt)</information>") == 1
+
+    steps = steps_from_trajectories(batch)
+    for k in range(3):
+        n = int(steps.attention_mask[k].sum())
+        assert steps.input_ids[k, : int(steps.prompt_length[k])].tolist() == contexts[k]
+        assert tokenizer.decode(steps.input_ids[k, int(steps.prompt_length[k]) : n]) == replies[k]
+
+
+def test_managed_context_trains_only_as_steps_and_its_budget_leaves_room() -> None:
+    from agent_r1.config import ParamsError, parse_params
+
+    base = {"experiments": {"grpo": {"overrides": {"env": {"context": {"keep_last": 1}, "one_shot": False}}}}}
+    with pytest.raises(ParamsError, match=r"env.context.*representation: step"):
+        parse_params(base)
+    ok = {"experiments": {"grpo": {"overrides": {"env": {"context": {"keep_last": 1}, "one_shot": False},
+                                                "algorithm": {"representation": "step"}}}}}
+    assert parse_params(ok).experiments["grpo"].overrides["env"]["context"]["keep_last"] == 1
+    with pytest.raises(ParamsError, match=r"env.context.max_tokens \(1000\) \+ rollout.max_new_tokens"):
+        parse_params({"env": {"context": {"max_tokens": 1000}}, "experiments": {}})
+
+
+@pytest.mark.parametrize("continuous", [pytest.param(False, marks=pytest.mark.slow), True])
+def test_real_engine_sees_the_managed_context_and_steps_score_the_same(continuous: bool, fp32_engine, bm25, tokenizer) -> None:
+    """keep_last=0: from turn 1 on, every observation is shown by title only. The engine's logprobs
+    must match a teacher-forced pass over each step's recorded context (had it kept the full history,
+    or a stale cache past the changed observation, they would differ by order 1), and the continuous
+    engine prefills only what changed: less than re-prefilling every context."""
+    from agent_r1.rollout.steps import steps_from_trajectories
+
+    env = make_env("tags", index=bm25, max_turns=3, one_shot=True, context={"keep_last": 0})
+    fp32_engine.stats = dict.fromkeys(fp32_engine.stats, 0)
+    cfg = rollout_cfg(n=2, max_new_tokens=24, max_total_tokens=1024, batch_size=3, seed=3, continuous=continuous)
+    batch = run_episodes(fp32_engine, env, tokenizer, RECORDS, cfg)
+    steps = steps_from_trajectories(batch)
+    diff = teacher_forced_diff(fp32_engine.model, steps)
+    managed = [k for r, c in enumerate(batch.contexts) for k in range(1, len(c))
+               if c[k] != batch.input_ids[r, : len(c[k])].tolist()]
+    print(f"\ncontinuous={continuous}: turns {[i['turns'] for i in batch.info]}, stats {fp32_engine.stats}, "
+          f"|diff| max {diff.max():.2e}")
+    assert managed, "no turn was shown a managed context: nothing was tested"
+    assert diff.mean() < 1e-4 and diff.max() < 1e-3
+    if continuous:
+        assert fp32_engine.stats["row_tokens"] < int(steps.attention_mask.sum())

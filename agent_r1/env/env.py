@@ -95,6 +95,7 @@ class StepResult:
     observation: str | None  # content of the observation message (None when the episode ended)
     observation_role: str  # chat role of that message
     done: bool
+    short_observation: str | None = None  # the same results shortened (env.context shows it for older turns)
 
 
 @dataclass
@@ -131,6 +132,13 @@ def render_result(result: Any, doc_chars: int) -> str:
         return json.dumps(result, ensure_ascii=False, default=str)
     except (TypeError, ValueError):
         return str(result)
+
+
+def render_short(result: Any, n_chars: int) -> str:
+    """A result as an older turn shows it under ``env.context``: hits by title only, the rest cut to ``n_chars``."""
+    if isinstance(result, list) and result and all(isinstance(h, Hit) for h in result):
+        return "\n".join(f"Doc {i} ({h.title})" for i, h in enumerate(result, 1))
+    return truncate(render_result(result, n_chars), n_chars)
 
 
 def record_list(record: dict, key: str) -> list[str]:
@@ -333,27 +341,33 @@ class ToolEnv:
         """Book-keeping, process reward, observation and termination of one episode's turn."""
         role = self.format.observation_role
         observation: str | None = None
+        short: str | None = None
         reason: str | None = None
         valid = invalid = new_support = 0
+        n_short = self.cfg.context.short_chars
         if parsed.error is not None:
             invalid = 1
             observation = self.format.format_error(parsed.error)
+            short = self.format.format_error(truncate(parsed.error, n_short))
         elif parsed.answer is not None:
             ep.answer = parsed.answer
             reason = "answer"
         elif parsed.calls:
-            texts = []
+            texts, shorts = [], []
             supporting = set(record_list(ep.record, "supporting_titles"))
             for outcome in outcomes:
                 if not outcome.ok:
                     invalid += 1
                     texts.append(f"Error: {outcome.error}")
+                    shorts.append(truncate(texts[-1], n_short))
                     continue
                 valid += 1
                 if outcome.ran:
                     new_support += self._note_hits(ep, outcome.value, supporting)
                     texts.append(render_result(outcome.value, self.cfg.doc_chars))
+                    shorts.append(render_short(outcome.value, n_short))
             observation = self.format.format_observation(texts)
+            short = self.format.format_observation(shorts)
         else:
             reason = "no_action"
         ep.tool_calls += valid + invalid
@@ -365,7 +379,7 @@ class ToolEnv:
             self.finish(ep, reason)
             return StepResult(observation=None, observation_role=role, done=True)
         ep.messages.append({"role": role, "content": observation})
-        return StepResult(observation=observation, observation_role=role, done=False)
+        return StepResult(observation=observation, observation_role=role, done=False, short_observation=short)
 
     @staticmethod
     def _note_hits(ep: Episode, result: Any, supporting: set[str]) -> int:

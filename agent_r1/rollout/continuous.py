@@ -11,6 +11,9 @@ turn waits for its slowest episode. Here an episode is a *slot*:
 * the first prompts are deduplicated (the ``n`` samples of a question share one
   prompt) and their common prefix (system prompt, one-shot example) is run
   once, so a group's prompt is prefilled once;
+* when the loop replaces an episode's context (a :class:`NewContext`: older
+  observations shortened), its cache is cut to the prefix the new context
+  shares with the old one and the rest is prefilled;
 * rows leave the running batch as their turn ends, and waiting episodes
   (observations back from the tools, or episodes not started yet) are
   prefilled and merged into it while the others keep decoding.
@@ -33,7 +36,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from agent_r1.rollout.engine import (
-    GenerationOutput, StopChecker, TurnEnd, TurnSettings, sample_tokens, shared_prefix_length,
+    GenerationOutput, NewContext, StopChecker, TurnEnd, TurnSettings, next_context, sample_tokens, shared_prefix_length,
 )
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [kv_heads, n, head_dim]
@@ -103,6 +106,20 @@ class _Rows:
 # Admit waiting episodes once this share of the slots can be filled (or nothing runs): each
 # admission is a prefill forward plus a copy of the running cache, worth batching.
 ADMIT_FRACTION = 0.25
+
+
+def _keep_common_prefix(ep: _Episode, context: list[int]) -> None:
+    """Cut ``ep``'s cache to the part it shares with its new ``context``: a replaced context
+    (shortened older observations) is prefilled from the first token that changed."""
+    same = 0
+    limit = min(ep.n_cached, len(context))
+    while same < limit and ep.tokens[same] == context[same]:
+        same += 1
+    if same == 0 or ep.kv is None:
+        ep.kv, ep.n_cached = None, 0
+        return
+    ep.kv = [(k[:, :same], v[:, :same]) for k, v in ep.kv]
+    ep.n_cached = same
 
 
 def _pad_left(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
@@ -271,9 +288,11 @@ class ContinuousBatcher:
             ep = episodes[rows.episodes[r]]
             if reply is None:
                 ep.kv = None  # done: free its cache
-            else:
-                ep.tokens += reply
-                resume.append(rows.episodes[r])
+                continue
+            if isinstance(reply, NewContext):
+                _keep_common_prefix(ep, reply.ids)
+            ep.tokens = next_context(ep.tokens, reply)
+            resume.append(rows.episodes[r])
         return resume
 
     def _decode(self, rows: _Rows, tokens: torch.Tensor) -> _Rows:

@@ -47,9 +47,25 @@ class GenerationOutput:
     finish_reason: str
 
 
+@dataclass(frozen=True)
+class NewContext:
+    """A turn-end reply that replaces an episode's context: its next turn continues ``ids``
+    (the whole context, not a delta). Context management (``env.context``) replies with one
+    when it shortens earlier observations; an engine keeps what it cached of the common prefix."""
+
+    ids: list[int]
+
+
 # A turn ended for these (episode index, output) pairs: return, per pair, the ids to
-# append before the episode's next turn (its observation), or None when it is done.
-TurnEnd = Callable[[list[tuple[int, GenerationOutput]]], list[list[int] | None]]
+# append before the episode's next turn (its observation), a NewContext, or None when it is done.
+TurnReply = list[int] | NewContext | None
+TurnEnd = Callable[[list[tuple[int, GenerationOutput]]], list[TurnReply]]
+
+
+def next_context(context: list[int], reply: list[int] | NewContext) -> list[int]:
+    """The ids the next turn continues: ``context`` (which ends with the turn's action) then the
+    reply's ids, or the reply's own context."""
+    return list(reply.ids) if isinstance(reply, NewContext) else context + reply
 
 
 @dataclass(frozen=True)
@@ -127,7 +143,7 @@ def run_turns_synchronously(
         replies = on_turn_end(list(zip(order, outputs)))
         for i, out, reply in zip(order, outputs, replies, strict=True):
             if reply is not None:
-                seqs[i] += out.token_ids + reply
+                seqs[i] = next_context(seqs[i] + out.token_ids, reply)
         active = sorted(i for i, reply in zip(order, replies) if reply is not None)
 
 

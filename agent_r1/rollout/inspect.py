@@ -1,5 +1,6 @@
 """Show a trajectory the way the trainer sees it: spans of tokens with their
-mask, turn and reward. ``agent-r1 chat`` prints this for one episode."""
+mask, turn and reward, then (with a managed ``env.context``) the context the
+policy was shown at each turn. ``agent-r1 chat`` prints this for one episode."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ def render(batch: TrajectoryBatch, row: int, tokenizer: Any) -> str:
         head = f"--- {s.kind} (turn {s.turn}, action_mask={mask}, tokens {s.start}-{s.end - 1}"
         head += f", reward {s.reward:+.3f})" if s.reward else ")"
         lines += [head, s.text.rstrip("\n")]
+    lines += _managed_contexts(batch, row, tokenizer)
     info = batch.info[row]
     lines.append(
         "=== " + ", ".join(f"{k}={info[k]}" for k in
@@ -56,3 +58,14 @@ def render(batch: TrajectoryBatch, row: int, tokenizer: Any) -> str:
                             "outcome_reward", "process_reward") if k in info)
     )
     return "\n".join(lines)
+
+
+def _managed_contexts(batch: TrajectoryBatch, row: int, tokenizer: Any) -> list[str]:
+    """With a managed context (``env.context``): what the policy was shown at each later turn, after its prompt."""
+    contexts = batch.contexts[row] if batch.contexts else []
+    p = int(batch.prompt_length[row])
+    lines = []
+    for k, ids in enumerate(contexts[1:], start=1):
+        lines += [f"--- context shown at turn {k} ({len(ids)} tokens; the prompt, then:)",
+                  tokenizer.decode(ids[p:], skip_special_tokens=False).rstrip("\n")]
+    return lines

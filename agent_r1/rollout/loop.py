@@ -25,6 +25,15 @@ call per ``cfg.batch_size`` episodes with their whole history
 next turn would have no room under ``cfg.max_total_tokens`` is truncated there
 and finished with ``"max_length"``.
 
+Context management (``env.context``): when older observations are to be
+shown shortened, the trajectory above still records the full history (its
+metrics and rewards are the episode's), and each turn's context as shown is
+recorded too (``TrajectoryBatch.contexts``): the prompt, the actions as
+generated, and each observation in full or shortened (its delta rendered from
+the env's short text). The engine gets that context as a
+:class:`~agent_r1.rollout.engine.NewContext` and keeps what it cached of the
+unchanged prefix; the step representation trains on the recorded contexts.
+
 Greedy (evaluation) uses temperature 0 and one sample per record: with n > 1
 the samples would be identical copies.
 
@@ -39,8 +48,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent_r1.config import RolloutConfig
-from agent_r1.rollout.engine import GenerationEngine, GenerationOutput, TurnSettings, run_turns_synchronously
+from agent_r1.config import ContextConfig, RolloutConfig
+from agent_r1.rollout.engine import (
+    GenerationEngine, GenerationOutput, NewContext, TurnReply, TurnSettings, run_turns_synchronously,
+)
 from agent_r1.rollout.trajectory import TrajectoryBatch
 
 log = logging.getLogger(__name__)
@@ -107,6 +118,11 @@ class _Trajectory:
     rollout_logprobs: list[float] = field(default_factory=list)
     turn_ends: list[int] = field(default_factory=list)  # position of each turn's last action token
     done: bool = False
+    # managed context only (env.context): each turn's action ids, each observation in full and
+    # shortened, and the ids shown at each turn (contexts[0] is the prompt)
+    actions: list[list[int]] = field(default_factory=list)
+    observations: list[tuple[list[int], list[int]]] = field(default_factory=list)
+    contexts: list[list[int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
@@ -166,6 +182,7 @@ class _Trajectory:
             "rollout_logprobs": self.rollout_logprobs,
             "group_id": self.group_id,
             "prompt_length": self.prompt_length,
+            "contexts": self.contexts,
             "info": self.info(),
         }
 
@@ -178,12 +195,59 @@ def _start(env: Any, tokenizer: Any, record: dict, group_id: int, tools: list[di
             f"record {record.get('id')!r}: the prompt has {len(ids)} tokens, "
             f"rollout.max_total_tokens={cfg.max_total_tokens} leaves no room to generate"
         )
-    return _Trajectory(episode, group_id, [dict(m) for m in episode.messages], list(ids), len(ids))
+    t = _Trajectory(episode, group_id, [dict(m) for m in episode.messages], list(ids), len(ids))
+    if env.cfg.context.managed:
+        t.contexts.append(list(ids))
+    return t
+
+
+def shown_context(
+    prompt: list[int], actions: list[list[int]], observations: list[tuple[list[int], list[int]]],
+    context: ContextConfig,
+) -> list[int]:
+    """The ids the policy is shown before its next turn under ``context``.
+
+    ``prompt | action 0 | observation 0 | action 1 | ...`` where observation k
+    is ``observations[k]`` in full (its first ids) or shortened (its second):
+    only the last ``keep_last`` are in full, and then the oldest full ones are
+    shortened until the whole fits ``max_tokens`` (or none is left to shorten).
+    """
+    n = len(observations)
+    short = [context.keep_last is not None and k < n - context.keep_last for k in range(n)]
+
+    def build() -> list[int]:
+        ids = list(prompt)
+        for k, (full, brief) in enumerate(observations):
+            ids += actions[k] + (brief if short[k] else full)
+        return ids
+
+    ids = build()
+    for k in range(n):
+        if context.max_tokens is None or len(ids) <= context.max_tokens:
+            break
+        if not short[k]:
+            short[k] = True
+            ids = build()
+    return ids
+
+
+def _managed_turn(t: _Trajectory, obs_ids: list[int], short_ids: list[int], env: Any, cfg: RolloutConfig) -> TurnReply:
+    """``env.context``: the full observation goes on the flat record; the policy is shown the managed context."""
+    t.observations.append((obs_ids, short_ids))
+    t.add(obs_ids, is_action=False)
+    shown = shown_context(t.input_ids[: t.prompt_length], t.actions, t.observations, env.cfg.context)
+    if len(shown) >= cfg.max_total_tokens:  # no token left to generate after it
+        env.finish(t.episode, "max_length")
+        t.done = True
+        return None
+    t.contexts.append(shown)
+    return NewContext(shown)
 
 
 def _next_turn(t: _Trajectory, out: GenerationOutput, text: str, res: Any, env: Any, tokenizer: Any,
-               tools: list[dict] | None, cfg: RolloutConfig) -> list[int] | None:
-    """Record a turn's action; return the observation ids to append, or None when the episode is done."""
+               tools: list[dict] | None, cfg: RolloutConfig) -> TurnReply:
+    """Record a turn's action; return the observation ids to append (or the next managed context),
+    or None when the episode is done."""
     history = t.conversation
     t.add(out.token_ids, is_action=True, logprobs=out.logprobs)
     t.conversation = [*history, {"role": "assistant", "content": text}]
@@ -193,6 +257,10 @@ def _next_turn(t: _Trajectory, out: GenerationOutput, text: str, res: Any, env: 
     role = res.observation_role
     obs_ids = encode(tokenizer, observation_delta(tokenizer, history, tools, res.observation, role, out.token_ids[-1]))
     t.conversation.append({"role": role, "content": res.observation})
+    if env.cfg.context.managed:
+        t.actions.append(list(out.token_ids))
+        short = observation_delta(tokenizer, history, tools, res.short_observation, role, out.token_ids[-1])
+        return _managed_turn(t, obs_ids, encode(tokenizer, short), env, cfg)
     room = cfg.max_total_tokens - len(t.input_ids)
     if len(obs_ids) >= room:  # no token left to generate after it: truncate here
         t.add(obs_ids[:room], is_action=False)
@@ -216,7 +284,7 @@ def run_episodes(
     tools = env.tool_specs()
     trajs = [_start(env, tokenizer, rec, g, tools, cfg) for g, rec in enumerate(records) for _ in range(n)]
 
-    def on_turn_end(ended: list[tuple[int, GenerationOutput]]) -> list[list[int] | None]:
+    def on_turn_end(ended: list[tuple[int, GenerationOutput]]) -> list[TurnReply]:
         texts = [tokenizer.decode(out.token_ids, skip_special_tokens=True) for _, out in ended]
         results = env.step_batch([trajs[i].episode for i, _ in ended], texts)
         return [

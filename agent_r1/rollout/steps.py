@@ -23,7 +23,9 @@ earlier actions and observations), the response is turn k's action tokens.
 model scores every action token identically in both representations. What
 differs is the cost: step k recomputes its whole context, so a StepBatch holds
 ``sum_k (prompt_k + response_k)`` tokens where the flat batch holds the final
-length once.
+length once. With a managed context (``env.context``) step k's prompt is the
+context the rollout recorded for turn k (older observations shortened), which
+no flat sequence holds: that is what the step representation is for.
 
 :func:`episode_step_matrix` lays the step rewards out as ``[E, S]`` (episode,
 step) for step-level estimators; :func:`broadcast_to_actions` puts per-step
@@ -38,7 +40,7 @@ from pathlib import Path
 import torch
 
 from agent_r1.algorithms.masking import response_mask
-from agent_r1.rollout.trajectory import TrajectoryBatch, batch_to, load_batch, save_batch
+from agent_r1.rollout.trajectory import TrajectoryBatch, batch_to, load_batch, pad_rows, save_batch
 
 STEP_TOKEN_FIELDS: tuple[str, ...] = ("input_ids", "attention_mask", "action_mask", "rollout_logprobs")
 STEP_ROW_FIELDS: tuple[str, ...] = ("step_reward", "turn", "episode", "group_id", "prompt_length")
@@ -112,10 +114,10 @@ class StepBatch:
                     f"for {len(s.response_ids)} response ids"
                 )
         return cls(
-            input_ids=_pad([s.prompt_ids + s.response_ids for s in steps], pad_id, torch.long),
-            attention_mask=_pad([[1] * (len(s.prompt_ids) + len(s.response_ids)) for s in steps], 0, torch.long),
-            action_mask=_pad([[0] * len(s.prompt_ids) + [1] * len(s.response_ids) for s in steps], 0, torch.long),
-            rollout_logprobs=_pad([[0.0] * len(s.prompt_ids) + list(s.response_logprobs) for s in steps], 0.0, torch.float32),
+            input_ids=pad_rows([s.prompt_ids + s.response_ids for s in steps], pad_id, torch.long),
+            attention_mask=pad_rows([[1] * (len(s.prompt_ids) + len(s.response_ids)) for s in steps], 0, torch.long),
+            action_mask=pad_rows([[0] * len(s.prompt_ids) + [1] * len(s.response_ids) for s in steps], 0, torch.long),
+            rollout_logprobs=pad_rows([[0.0] * len(s.prompt_ids) + list(s.response_logprobs) for s in steps], 0.0, torch.float32),
             step_reward=torch.tensor([float(s.reward) for s in steps], dtype=torch.float32),
             turn=torch.tensor([s.turn for s in steps], dtype=torch.long),
             episode=torch.tensor([s.episode for s in steps], dtype=torch.long),
@@ -123,12 +125,6 @@ class StepBatch:
             prompt_length=torch.tensor([len(s.prompt_ids) for s in steps], dtype=torch.long),
             info=list(info),
         )
-
-
-def _pad(rows: list[list], pad: int | float, dtype: torch.dtype) -> torch.Tensor:
-    """``[len(rows), longest]`` tensor of ``rows`` right-padded with ``pad``."""
-    width = max((len(r) for r in rows), default=0)
-    return torch.tensor([list(r) + [pad] * (width - len(r)) for r in rows], dtype=dtype).reshape(len(rows), width)
 
 
 def _check_rows(b: StepBatch) -> None:
@@ -208,18 +204,25 @@ def turn_spans(batch: TrajectoryBatch, row: int) -> list[tuple[int, int]]:
 
 
 def steps_from_trajectories(batch: TrajectoryBatch) -> StepBatch:
-    """The steps of full-history episodes: each turn's action ids with every token before them as the prompt.
+    """The steps of the episodes: each turn's action ids, with the context shown before them as the prompt.
 
-    Token-exact by construction (slices of the flat ids). Step reward = the
-    sum of the turn's token rewards. ``info`` is the flat batch's, one per
-    episode; padding ids are the flat batch's padding id (0 if it has none).
+    The context is the trajectory's recorded ``contexts[k]`` when its context
+    was managed, else every token before the turn (the full history). Token-
+    exact by construction (slices of the flat ids, or the recorded ids). Step
+    reward = the sum of the turn's token rewards. ``info`` is the flat batch's,
+    one per episode; padding ids are the flat batch's padding id (0 if none).
     """
     steps: list[Step] = []
     for row in range(len(batch)):
         ids, lps = batch.input_ids[row].tolist(), batch.rollout_logprobs[row].tolist()
         rewards = batch.token_rewards[row]
-        for k, (s, e) in enumerate(turn_spans(batch, row)):
-            steps.append(Step(ids[:s], ids[s:e], lps[s:e], float(rewards[s:e].sum()), k, row, int(batch.group_id[row])))
+        spans = turn_spans(batch, row)
+        shown = batch.contexts[row] if batch.contexts else []
+        if shown and len(shown) != len(spans):
+            raise ValueError(f"trajectory {row}: {len(shown)} recorded contexts for {len(spans)} turns")
+        for k, (s, e) in enumerate(spans):
+            prompt = list(shown[k]) if shown else ids[:s]
+            steps.append(Step(prompt, ids[s:e], lps[s:e], float(rewards[s:e].sum()), k, row, int(batch.group_id[row])))
     padding = batch.input_ids[batch.attention_mask == 0]
     return StepBatch.from_steps(steps, batch.info, int(padding[0]) if len(padding) else 0)
 

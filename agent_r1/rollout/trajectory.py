@@ -12,7 +12,11 @@ All [B, T] tensors are right-padded. Per token:
   0 elsewhere.
 
 Per trajectory: ``group_id`` (index of the question it came from; GRPO/RLOO
-groups), ``prompt_length`` and ``info`` (episode metrics).
+groups), ``prompt_length`` and ``info`` (episode metrics). With a managed
+context (``env.context``) the ids above are still the full history, and
+``contexts`` holds per trajectory the ids the policy was shown at each turn
+(empty: the full history, i.e. the prefix before the turn); the step
+representation trains on those.
 """
 
 from __future__ import annotations
@@ -40,9 +44,9 @@ Batch = TypeVar("Batch")
 
 
 def batch_to(batch: Batch, device: str | torch.device) -> Batch:
-    """A copy of a tensors-plus-``info`` dataclass with every tensor on ``device``."""
-    tensors = {f.name: getattr(batch, f.name).to(device) for f in fields(batch) if f.name != "info"}
-    return type(batch)(**tensors, info=batch.info)
+    """A copy of a tensors-plus-lists dataclass with every tensor on ``device`` (lists shared)."""
+    values = {f.name: getattr(batch, f.name) for f in fields(batch)}
+    return type(batch)(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in values.items()})
 
 
 def save_batch(batch: object, path: str | Path) -> None:
@@ -61,6 +65,12 @@ def load_batch(cls: type[Batch], path: str | Path) -> Batch:
     return cls(**data)
 
 
+def pad_rows(rows: list[list], pad: int | float, dtype: torch.dtype) -> torch.Tensor:
+    """``[len(rows), longest]`` tensor of ``rows`` right-padded with ``pad``."""
+    width = max((len(r) for r in rows), default=0)
+    return torch.tensor([list(r) + [pad] * (width - len(r)) for r in rows], dtype=dtype).reshape(len(rows), width)
+
+
 @dataclass
 class TrajectoryBatch:
     input_ids: torch.Tensor  # [B, T] long
@@ -72,9 +82,12 @@ class TrajectoryBatch:
     group_id: torch.Tensor  # [B] long
     prompt_length: torch.Tensor  # [B] long
     info: list[dict] = field(default_factory=list)
+    contexts: list[list[list[int]]] = field(default_factory=list)  # [] or one list per trajectory
 
     def __post_init__(self) -> None:
         shape = self.input_ids.shape
+        if len(self.contexts) not in (0, shape[0]):
+            raise ValueError(f"TrajectoryBatch.contexts has {len(self.contexts)} entries for {shape[0]} trajectories")
         for name in TOKEN_FIELDS:
             if getattr(self, name).shape != shape:
                 raise ValueError(f"TrajectoryBatch.{name} has shape {tuple(getattr(self, name).shape)}, expected {tuple(shape)}")
@@ -106,25 +119,24 @@ class TrajectoryBatch:
         """Right-pad per-trajectory lists into tensors.
 
         Each item holds the TOKEN_FIELDS except ``attention_mask`` as equal-length
-        lists, plus ``group_id``, ``prompt_length`` and ``info``.
+        lists, plus ``group_id``, ``prompt_length`` and ``info`` (and optionally
+        ``contexts``; the batch keeps none when no item has any).
         """
         if not seqs:
             raise ValueError("no trajectories to batch")
-        width = max(len(s["input_ids"]) for s in seqs)
         pads = {"input_ids": pad_id, "action_mask": 0, "turn_index": -1, "token_rewards": 0.0, "rollout_logprobs": 0.0}
         dtypes = {"token_rewards": torch.float32, "rollout_logprobs": torch.float32}
         out: dict[str, torch.Tensor] = {}
         for name, pad in pads.items():
-            rows = []
             for j, s in enumerate(seqs):
                 if len(s[name]) != len(s["input_ids"]):
                     raise ValueError(f"trajectory {j}: {name} has {len(s[name])} entries, input_ids {len(s['input_ids'])}")
-                rows.append(list(s[name]) + [pad] * (width - len(s[name])))
-            out[name] = torch.tensor(rows, dtype=dtypes.get(name, torch.long))
-        out["attention_mask"] = torch.tensor([[1] * len(s["input_ids"]) + [0] * (width - len(s["input_ids"])) for s in seqs])
+            out[name] = pad_rows([s[name] for s in seqs], pad, dtypes.get(name, torch.long))
+        out["attention_mask"] = pad_rows([[1] * len(s["input_ids"]) for s in seqs], 0, torch.long)
         return cls(
             **out,
             group_id=torch.tensor([s["group_id"] for s in seqs], dtype=torch.long),
             prompt_length=torch.tensor([s["prompt_length"] for s in seqs], dtype=torch.long),
             info=[s["info"] for s in seqs],
+            contexts=[list(s.get("contexts", [])) for s in seqs] if any(s.get("contexts") for s in seqs) else [],
         )
