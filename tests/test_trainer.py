@@ -536,3 +536,28 @@ def test_step_representation_trains_each_turn_as_its_own_sample(tiny_policy: Pat
     metrics = rl_step(params, engines, batch)
     after = episode_logprob()
     assert metrics["step/samples"] == len(steps) and after[0] > before[0] and after[1] < before[1]
+
+
+def test_step_representation_trains_a_critic_with_one_value_per_step(tiny_policy: Path) -> None:
+    """PPO on steps: the critic's value of a step is read at its last prompt token (the state it acts
+    from), step-level GAE turns those into returns, and one update moves each step's value towards them."""
+    from agent_r1.training.trainer import step_samples
+
+    params = tiny_params(actor_lr=1e-3, critic_lr=1e-3)
+    params = params.model_copy(update={"algorithm": params.algorithm.model_copy(
+        update={"name": "ppo", "representation": "step", "gamma": 0.9, "lam": 0.95})})
+    engines = build_engines(params, tiny_policy)
+    assert engines.critic is not None
+    batch = turn_samples(3)
+    before = step_samples(params, batch, engines.critic)
+    steps, vmask = before.steps, before.value_mask.bool()
+    assert vmask.sum(-1).tolist() == [1] * len(steps)
+    assert (vmask.nonzero()[:, 1] == steps.prompt_length - 1).all()
+    assert ((before.values != 0) <= vmask).all() and ((before.returns != 0) <= vmask).all()
+    assert (before.advantages[steps.action_mask == 0] == 0).all()
+
+    metrics = rl_step(params, engines, batch)
+    after = step_samples(params, batch, engines.critic)
+    error = lambda s: (s.values - before.returns)[vmask].abs().mean()  # noqa: E731
+    assert "value_loss" in metrics and "explained_variance" in metrics
+    assert error(after) < error(before)

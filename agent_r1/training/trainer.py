@@ -56,7 +56,7 @@ from agent_r1.algorithms.losses import aggregate
 from agent_r1.config import Params, plugin_refs
 from agent_r1.io import hash_files, hash_tree
 from agent_r1.registry import ESTIMATORS, ref_source
-from agent_r1.algorithms.step_advantages import compute_step_advantages
+from agent_r1.algorithms.step_advantages import compute_step_advantages, step_table
 from agent_r1.rollout.steps import StepBatch, broadcast_to_actions, episode_step_matrix, steps_from_trajectories
 from agent_r1.rollout.trajectory import TrajectoryBatch
 from agent_r1.training.checkpoint import (
@@ -499,28 +499,57 @@ def batch_advantages(
     )
 
 
-def step_samples(params: Params, batch: TrajectoryBatch) -> tuple[StepBatch, torch.Tensor]:
-    """``algorithm.representation: step``: the trajectories cut into one sample per step, and the
-    step-level advantages of ``algorithm.name`` on each sample's response tokens."""
+@dataclass
+class StepSamples:
+    """``algorithm.representation: step``: one sample per step, its advantage on the response tokens,
+    and with a critic the value positions (each step's last prompt token), their values and returns."""
+
+    steps: StepBatch
+    advantages: torch.Tensor  # [N, L]
+    value_mask: torch.Tensor | None = None  # [N, L]: 1 at each row's last prompt token
+    values: torch.Tensor | None = None  # [N, L]: the critic's value there, 0 elsewhere
+    returns: torch.Tensor | None = None  # [N, L]: the step's return there, 0 elsewhere
+
+
+def value_positions(steps: StepBatch) -> torch.Tensor:
+    """``[N, L]`` long: 1 at each step's last prompt token, where the critic reads V(state the step acts from)."""
+    mask = torch.zeros_like(steps.attention_mask)
+    return mask.scatter_(1, (steps.prompt_length - 1)[:, None], 1)
+
+
+def step_samples(params: Params, batch: TrajectoryBatch, critic: Any = None) -> StepSamples:
+    """The trajectories cut into one sample per step, and the step-level advantages of ``algorithm.name``
+    (with ``critic``: one value per step, read at the step's last prompt token, for step-level GAE)."""
     alg = params.algorithm
     steps = steps_from_trajectories(batch)
     step_rewards, step_mask, group = episode_step_matrix(steps)
-    advantages, _ = compute_step_advantages(
-        alg.name, step_rewards=step_rewards, step_mask=step_mask, group_id=group, gamma=alg.gamma, lam=alg.lam,
-        process_rewards=alg.process_rewards_in_advantage, norm_by_std=alg.norm_by_std,
+    value_mask = values = table = None
+    if critic is not None:
+        value_mask = value_positions(steps)
+        values = batched_values(critic, steps.input_ids, steps.attention_mask, params.train.micro_batch_tokens) * value_mask
+        table, _ = step_table(values.sum(-1), steps.episode, steps.turn, steps.n_episodes)
+    advantages, returns = compute_step_advantages(
+        alg.name, step_rewards=step_rewards, step_mask=step_mask, group_id=group, values=table, gamma=alg.gamma,
+        lam=alg.lam, process_rewards=alg.process_rewards_in_advantage, norm_by_std=alg.norm_by_std,
     )
-    return steps, broadcast_to_actions(steps, advantages)
+    samples = StepSamples(steps, broadcast_to_actions(steps, advantages))
+    if critic is not None:
+        samples.value_mask, samples.values = value_mask, values
+        samples.returns = returns[steps.episode, steps.turn][:, None] * value_mask
+    return samples
 
 
 def step_rl_step(params: Params, engines: Engines, batch: TrajectoryBatch, world: int = 1) -> dict[str, float]:
     """:func:`rl_step` on step samples: each step one sequence, the loss on its response; the
-    mini-batch schedule keeps flat's number of optimizer steps (``mini_batch_size`` counts episodes)."""
-    steps, advantages = step_samples(params, batch)
+    mini-batch schedule keeps flat's number of optimizer steps (``mini_batch_size`` counts episodes).
+    With a critic, its clipped value loss is on each step's value position, against the step's return."""
+    t0 = time.monotonic()
+    samples = step_samples(params, batch, engines.critic)
+    steps, advantages = samples.steps, samples.advantages
     per_episode = len(steps) / max(len(batch), 1)
     cfg = params.train.model_copy(update={"mini_batch_size": max(1, round(params.train.mini_batch_size * per_episode))})
     step_params = params.model_copy(update={"train": cfg})
     mask = steps.action_mask.float()
-    t0 = time.monotonic()
 
     def scored(engine: Any) -> torch.Tensor:
         return batched_token_logprobs(engine, steps.input_ids, steps.attention_mask, cfg.micro_batch_tokens,
@@ -532,6 +561,10 @@ def step_rl_step(params: Params, engines: Engines, batch: TrajectoryBatch, world
     logprobs_s = time.monotonic() - t0
     t0 = time.monotonic()
     metrics = update_actor(step_params, engines, steps, advantages, old_lp, ref_lp, mask, world)
+    if engines.critic is not None:
+        vmask = samples.value_mask.float()
+        metrics |= update_critic(step_params, engines.critic, steps, samples.returns, samples.values, vmask, world)
+        metrics["explained_variance"] = explained_variance(samples.values, samples.returns, vmask)
     metrics |= {"advantage_abs": masked_token_mean(advantages.abs(), mask), "time/update_s": time.monotonic() - t0,
                 "time/logprobs_s": logprobs_s,
                 "step/samples": float(len(steps)), "step/train_tokens": float(steps.attention_mask.sum())}
