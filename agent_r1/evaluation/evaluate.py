@@ -43,10 +43,10 @@ def _chunks(items: list, size: int):
         yield items[i : i + size]
 
 
-def evaluate_policy(
+def play_policy(
     model_path: Path, index: SearchIndex, records: list[dict[str, Any]], params: Params, method: str
-) -> dict[str, Any]:
-    """Greedy multi-turn episodes of the policy at ``model_path`` in the ToolEnv."""
+) -> list[dict[str, Any]]:
+    """Greedy multi-turn episodes of the policy at ``model_path`` in the ToolEnv: one info dict per record."""
     from agent_r1.env import make_env
     from agent_r1.rollout import make_rollout_engine, run_episodes
 
@@ -57,7 +57,14 @@ def evaluate_policy(
     for batch in tqdm(list(_chunks(records, chunk)), desc=f"evaluate {method}", unit="batch"):
         traj = run_episodes(engine, env, engine.tokenizer, batch, params.rollout, greedy=True)
         infos.extend(traj.info)
-    return aggregate(infos, method)
+    return infos
+
+
+def evaluate_policy(
+    model_path: Path, index: SearchIndex, records: list[dict[str, Any]], params: Params, method: str
+) -> dict[str, Any]:
+    """:func:`play_policy`, summarised into the metrics JSON."""
+    return aggregate(play_policy(model_path, index, records, params, method), method)
 
 
 # One worked example, as the tool-calling agent gets one: a fair baseline, not a strawman.
