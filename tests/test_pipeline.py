@@ -330,11 +330,11 @@ def test_step_level_training_with_a_managed_context_runs_through_dvc(repo: Path)
         ran = [line for line in out.splitlines() if line.startswith("Running stage")]
         assert ran == ["Running stage 'train@grpo_step':", "Running stage 'evaluate@grpo_step':"]
         last = json.loads((repo / "metrics/train/grpo_step.json").read_text())["last"]
-        assert last["step/samples"] == pytest.approx(4 * last["turns"])  # one sample per turn of 2 x 2 episodes
+        assert last["step_samples"] == pytest.approx(4 * last["turns"])  # one sample per turn of 2 x 2 episodes
         assert json.loads((repo / "checkpoints/grpo_step/latest.json").read_text())["step"] == 2
         assert json.loads((repo / "metrics/eval/grpo_step.json").read_text())["n"] == 6
         flat = json.loads((repo / "metrics/train/grpo.json").read_text())["last"]
-        assert "step/samples" not in flat
+        assert "step_samples" not in flat
     finally:
         (repo / "params.yaml").write_text(original)
 

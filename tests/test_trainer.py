@@ -535,7 +535,7 @@ def test_step_representation_trains_each_turn_as_its_own_sample(tiny_policy: Pat
     before = episode_logprob()
     metrics = rl_step(params, engines, batch)
     after = episode_logprob()
-    assert metrics["step/samples"] == len(steps) and after[0] > before[0] and after[1] < before[1]
+    assert metrics["step_samples"] == len(steps) and after[0] > before[0] and after[1] < before[1]
 
 
 def test_step_representation_trains_a_critic_with_one_value_per_step(tiny_policy: Path) -> None:

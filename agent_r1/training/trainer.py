@@ -567,7 +567,7 @@ def step_rl_step(params: Params, engines: Engines, batch: TrajectoryBatch, world
         metrics["explained_variance"] = explained_variance(samples.values, samples.returns, vmask)
     metrics |= {"advantage_abs": masked_token_mean(advantages.abs(), mask), "time/update_s": time.monotonic() - t0,
                 "time/logprobs_s": logprobs_s,
-                "step/samples": float(len(steps)), "step/train_tokens": float(steps.attention_mask.sum())}
+                "step_samples": float(len(steps)), "step_tokens": float(steps.attention_mask.sum())}
     return metrics
 
 
