@@ -184,3 +184,15 @@ def test_property_policy_loss_finite_and_mask_exact(b: int, t: int, agg: str, da
     assert loss.dim() == 0 and torch.isfinite(loss) and torch.isfinite(lp.grad).all()
     assert (lp.grad[mask == 0] == 0).all()
     assert 0.0 <= metrics["clipfrac"] <= 1.0 and 0.0 <= metrics["dual_clipfrac"] <= 1.0
+
+
+def test_without_the_loss_mask_observations_take_their_turns_advantage() -> None:
+    """prompt | a0 a0 | o0 o0 | a1 | o1 | pad: observations copy the action before them, the prompt
+    and padding stay 0, actions keep their own advantage."""
+    from agent_r1.algorithms.masking import response_mask, spread_to_observations
+
+    action = torch.tensor([[0, 0, 1, 1, 0, 0, 1, 0, 0]])
+    attention = torch.tensor([[1, 1, 1, 1, 1, 1, 1, 1, 0]])
+    adv = torch.tensor([[0.0, 0.0, 0.5, 0.7, 0.0, 0.0, -0.2, 0.0, 0.0]])
+    out = spread_to_observations(adv, action, response_mask(attention, 2))
+    assert torch.equal(out, torch.tensor([[0.0, 0.0, 0.5, 0.7, 0.7, 0.7, -0.2, -0.2, 0.0]]))

@@ -561,3 +561,19 @@ def test_step_representation_trains_a_critic_with_one_value_per_step(tiny_policy
     error = lambda s: (s.values - before.returns)[vmask].abs().mean()  # noqa: E731
     assert "value_loss" in metrics and "explained_variance" in metrics
     assert error(after) < error(before)
+
+
+def test_grpo_without_the_loss_mask_trains_observations_with_their_turns_advantage() -> None:
+    """The ablation is not a rescale: the loss reads observation tokens, and they carry the advantage."""
+    from agent_r1.training.trainer import batch_advantages, policy_loss_mask
+
+    batch = turn_samples(2)
+    params = tiny_params()
+    on, _ = batch_advantages(params, batch)
+    off_params = params.model_copy(update={"algorithm": params.algorithm.model_copy(update={"loss_mask": False})})
+    off, _ = batch_advantages(off_params, batch)
+    obs = (batch.action_mask == 0) & (batch.turn_index >= 0)
+    assert (on[obs] == 0).all() and (off[obs] != 0).all()
+    assert torch.equal(off[batch.action_mask == 1], on[batch.action_mask == 1])
+    assert torch.equal(off[:, 7:10], on[:, 6:7].expand(-1, 3))  # turn 0's observation: its action's advantage
+    assert (policy_loss_mask(off_params, batch)[obs] == 1).all()

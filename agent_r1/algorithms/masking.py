@@ -110,10 +110,31 @@ def returns_to_go(token_rewards: torch.Tensor, action_mask: torch.Tensor) -> tor
     total. Within a turn the value is constant, since a turn's rewards sit on
     its last token.
     """
-    positions = torch.arange(token_rewards.shape[-1], device=token_rewards.device)
-    anchor = torch.where(action_mask > 0, positions, -1).cummax(-1).values.clamp(min=0)
     rtg = token_rewards.flip(-1).cumsum(-1).flip(-1)
-    return rtg.gather(-1, anchor)
+    return rtg.gather(-1, action_anchor(action_mask).clamp(min=0))
+
+
+def action_anchor(action_mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] position of the last action token at or before each position (-1 before the first)."""
+    positions = torch.arange(action_mask.shape[-1], device=action_mask.device)
+    return torch.where(action_mask > 0, positions, -1).cummax(-1).values
+
+
+def spread_to_observations(advantages: torch.Tensor, action_mask: torch.Tensor, response: torch.Tensor) -> torch.Tensor:
+    """Advantages on every response token: an observation token takes the advantage of the action token before it.
+
+        A'_t = A_{a(t)} on response tokens (a(t): the last action token at or before t), 0 elsewhere
+
+    The loss-mask ablation (``algorithm.loss_mask: false`` with the advantage
+    mask on): the loss then reads observation tokens, and they are trained
+    with their turn's advantage -- for an outcome-only critic-free estimator,
+    the trajectory's -- instead of a 0 that would make the ablation a uniform
+    rescale of the loss (which AdamW cancels). ``response``: see
+    :func:`response_mask`.
+    """
+    anchor = action_anchor(action_mask)
+    spread = advantages.gather(-1, anchor.clamp(min=0))
+    return torch.where((response > 0) & (anchor >= 0), spread, torch.zeros_like(spread))
 
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:

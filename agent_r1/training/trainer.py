@@ -53,6 +53,7 @@ import agent_r1
 
 from agent_r1.algorithms import compute_advantages, kl, loss_mask, policy_loss, value_loss
 from agent_r1.algorithms.losses import aggregate
+from agent_r1.algorithms.masking import spread_to_observations
 from agent_r1.config import Params, plugin_refs
 from agent_r1.io import hash_files, hash_tree
 from agent_r1.registry import ESTIMATORS, ref_source
@@ -490,13 +491,20 @@ def policy_loss_mask(params: Params, batch: TrajectoryBatch) -> torch.Tensor:
 def batch_advantages(
     params: Params, batch: TrajectoryBatch, values: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(advantages, returns)`` of ``batch`` by ``algorithm.name``'s estimator (``values``: the critic's)."""
+    """``(advantages, returns)`` of ``batch`` by ``algorithm.name``'s estimator (``values``: the critic's).
+
+    With the loss mask off and the advantage mask on, observation tokens take their turn's
+    advantage (:func:`~agent_r1.algorithms.masking.spread_to_observations`): the ablation trains them.
+    """
     alg = params.algorithm
-    return compute_advantages(
+    advantages, returns = compute_advantages(
         alg.name, token_rewards=batch.token_rewards, action_mask=batch.action_mask, group_id=batch.group_id,
         values=values, gamma=alg.gamma, lam=alg.lam, align=alg.advantage_mask, response_mask=batch.response_mask(),
         process_rewards=alg.process_rewards_in_advantage, norm_by_std=alg.norm_by_std,
     )
+    if alg.advantage_mask and not alg.loss_mask:
+        advantages = spread_to_observations(advantages, batch.action_mask, batch.response_mask())
+    return advantages, returns
 
 
 @dataclass
