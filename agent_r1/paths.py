@@ -26,6 +26,7 @@ METRICS_DIR = Path("metrics")
 RETRIEVAL_METRICS = METRICS_DIR / "retrieval.json"
 PREPARE_METRICS = METRICS_DIR / "data.json"
 EVAL_METRICS_DIR = METRICS_DIR / "eval"  # one <method>.json per evaluated method
+OUTCOMES_DIR = Path("outcomes")  # one <method>.jsonl per evaluated method: its per-question results
 REPORTS_DIR = Path("reports")
 RESULTS_MD = REPORTS_DIR / "results.md"
 RESULTS_PNG = REPORTS_DIR / "results.png"

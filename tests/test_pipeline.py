@@ -116,6 +116,9 @@ def test_flow_runs_every_stage_then_reports_all_cached(repo: Path, prefect_harne
     for method in ("naive_rag", "base_tool_call", "sft", "grpo"):
         result = json.loads((repo / f"metrics/eval/{method}.json").read_text())
         assert result["n"] == 6 and set(result["by_source"]) == {"synthetic", "synthetic_3hop"}
+        outcomes = [json.loads(line) for line in (repo / f"outcomes/{method}.jsonl").read_text().splitlines()]
+        assert len(outcomes) == 6 and {"id", "source", "type", "em", "f1", "tool_calls", "answer"} <= set(outcomes[0])
+        assert sum(o["em"] for o in outcomes) / 6 == pytest.approx(result["em"], abs=1e-4)
     assert (repo / "models/trained/grpo/model.safetensors").exists()
     assert json.loads((repo / "checkpoints/grpo/latest.json").read_text())["step"] == 2  # the final one
     assert (repo / "dvclive/grpo/plots/metrics/train/reward.tsv").exists()
@@ -333,6 +336,7 @@ def test_step_level_training_with_a_managed_context_runs_through_dvc(repo: Path)
         assert last["step_samples"] == pytest.approx(4 * last["turns"])  # one sample per turn of 2 x 2 episodes
         assert json.loads((repo / "checkpoints/grpo_step/latest.json").read_text())["step"] == 2
         assert json.loads((repo / "metrics/eval/grpo_step.json").read_text())["n"] == 6
+        assert len((repo / "outcomes/grpo_step.jsonl").read_text().splitlines()) == 6
         flat = json.loads((repo / "metrics/train/grpo.json").read_text())["last"]
         assert "step_samples" not in flat
     finally:

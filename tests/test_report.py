@@ -34,6 +34,20 @@ def test_aggregate_shape_and_numbers() -> None:
     json.dumps(m)  # serialisable as is
 
 
+def test_outcomes_are_one_line_per_question_sorted_by_id(tmp_path: Path) -> None:
+    from agent_r1.evaluation.aggregate import OUTCOME_KEYS, write_outcomes
+
+    episodes = [
+        {"question_id": "q2", "source": "s", "type": "bridge", "em": 1.0, "f1": 1.0, "answer": "Quorvale",
+         "tool_calls": 2, "turns": 3, "termination": "answer", "extra": "dropped"},
+        {"id": "q1", "source": "s", "type": "comparison", "em": 0.0, "f1": 0.5, "answer": None, "tool_calls": 0},
+    ]
+    write_outcomes(tmp_path / "o.jsonl", episodes)
+    rows = [json.loads(line) for line in (tmp_path / "o.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["q1", "q2"] and all(list(r) == list(OUTCOME_KEYS) for r in rows)
+    assert rows[1]["answer"] == "Quorvale" and rows[0]["answer"] is None and rows[0]["turns"] is None
+
+
 def test_aggregate_rejects_empty() -> None:
     with pytest.raises(ValueError, match="no episodes"):
         aggregate([], "x")

@@ -3,13 +3,25 @@
 Shape (external checks read it; keep it): ``{"em", "f1", "n", "by_source":
 {source: {"em", "f1", "n"}}, "by_type": {...}, "answer_rate", "mean_turns",
 "mean_tool_calls", "invalid_call_rate", ...}``.
+
+Next to it, every evaluation writes its per-question outcomes
+(:func:`write_outcomes`, one JSON object a line, sorted by question id): the
+paired comparisons between methods are made on these.
 """
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
+
+from agent_r1.io import write_text
+
+# What an outcome line holds: the question, how the method did on it, what it answered.
+OUTCOME_KEYS: tuple[str, ...] = ("id", "source", "type", "em", "f1", "answered", "turns", "tool_calls",
+                                 "invalid_calls", "termination", "answer")
 
 
 def _mean(xs: list[float]) -> float:
@@ -43,3 +55,17 @@ def aggregate(episodes: Iterable[Mapping[str, Any]], method: str) -> dict[str, A
     out["mean_tool_calls"] = _mean(calls)
     out["invalid_call_rate"] = round(sum(invalid) / sum(calls), 4) if sum(calls) else 0.0
     return out
+
+
+def outcome_rows(episodes: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row of :data:`OUTCOME_KEYS` per episode (a missing key is null), sorted by question id;
+    a rollout's ``question_id`` is the row's ``id``."""
+    rows = [{k: (r.get("id", r.get("question_id")) if k == "id" else r.get(k)) for k in OUTCOME_KEYS}
+            for r in episodes]
+    return sorted(rows, key=lambda r: str(r["id"]))
+
+
+def write_outcomes(path: str | Path, episodes: Iterable[Mapping[str, Any]]) -> None:
+    """The per-question outcomes as JSON lines (atomic)."""
+    lines = [json.dumps(r, ensure_ascii=False, sort_keys=False, default=str) for r in outcome_rows(episodes)]
+    write_text(path, "\n".join(lines) + "\n")

@@ -1,7 +1,9 @@
 """Greedy evaluation on the test split: a policy in the ToolEnv, and Naive RAG.
 
-*Base Tool Call* is :func:`evaluate_policy` on the untrained model; any
-checkpoint (a transformers folder) is evaluated the same way.
+*Base Tool Call* is :func:`play_policy` on the untrained model; any
+checkpoint (a transformers folder) is evaluated the same way. Both return one
+row per question; :func:`agent_r1.evaluation.aggregate.aggregate` summarises
+them and :func:`~agent_r1.evaluation.aggregate.write_outcomes` keeps them.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from tqdm import tqdm
 
 from agent_r1.config import Params
 from agent_r1.env.rewards import exact_match, f1_score
-from agent_r1.evaluation.aggregate import aggregate
 from agent_r1.retrieval.base import SearchIndex
 
 log = logging.getLogger(__name__)
@@ -60,13 +61,6 @@ def play_policy(
     return infos
 
 
-def evaluate_policy(
-    model_path: Path, index: SearchIndex, records: list[dict[str, Any]], params: Params, method: str
-) -> dict[str, Any]:
-    """:func:`play_policy`, summarised into the metrics JSON."""
-    return aggregate(play_policy(model_path, index, records, params, method), method)
-
-
 # One worked example, as the tool-calling agent gets one: a fair baseline, not a strawman.
 NAIVE_RAG_EXAMPLE = [
     {"role": "user", "content": "Documents:\nDoc 1 (Velmora Labs): Velmora Labs is a robotics company founded "
@@ -92,10 +86,10 @@ def extract_answer(text: str) -> str:
     return next((line.strip() for line in text.splitlines() if line.strip()), "")
 
 
-def evaluate_naive_rag(
+def play_naive_rag(
     model_path: Path, index: SearchIndex, records: list[dict[str, Any]], params: Params, max_new_tokens: int = 48
-) -> dict[str, Any]:
-    """Retrieve top-k with the whole question, answer in one turn (no tool use)."""
+) -> list[dict[str, Any]]:
+    """Retrieve top-k with the whole question, answer in one turn (no tool use): one row per record."""
     from agent_r1.rollout import make_rollout_engine
 
     engine = make_rollout_engine(model_path, params.rollout)
@@ -127,6 +121,7 @@ def evaluate_naive_rag(
                     "turns": 1,
                     "tool_calls": 0,
                     "invalid_calls": 0,
+                    "termination": "answer" if answer else "no_action",
                 }
             )
-    return aggregate(rows, "naive_rag")
+    return rows

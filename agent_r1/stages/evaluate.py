@@ -27,11 +27,14 @@ def evaluate(
     indexes: Path = paths.INDEX_DIR,
     test_questions: Path = paths.TEST_QUESTIONS,
     metrics: Path | None = None,
+    outcomes: Path | None = None,
 ) -> None:
     """``model`` (default: the experiment's trained policy, or the warm start) scored into
-    ``metrics`` (default: <metrics/eval>/<experiment>.json)."""
+    ``metrics`` (default: <metrics/eval>/<experiment>.json), its per-question results into
+    ``outcomes`` (default: <outcomes>/<experiment>.jsonl)."""
     from agent_r1.data.schema import read_questions
-    from agent_r1.evaluation.evaluate import evaluate_policy, select_questions
+    from agent_r1.evaluation.aggregate import aggregate, write_outcomes
+    from agent_r1.evaluation.evaluate import play_policy, select_questions
     from agent_r1.retrieval import check_index, load_index
 
     if experiment == SFT:
@@ -42,8 +45,10 @@ def evaluate(
     location = paths.index_location(p.retrieval.index, indexes)
     check_index(location)
     records = select_questions(read_questions(test_questions), p.eval.questions_per_source, p.eval.seed)
-    result = evaluate_policy(model, load_index(location), records, p, experiment)
+    infos = play_policy(model, load_index(location), records, p, experiment)
+    result = aggregate(infos, experiment)
     write_json(metrics or paths.EVAL_METRICS_DIR / f"{experiment}.json", result)
+    write_outcomes(outcomes or paths.OUTCOMES_DIR / f"{experiment}.jsonl", infos)
     log.info("%s: EM %.4f F1 %.4f answer rate %.3f", experiment, result["em"], result["f1"], result["answer_rate"])
 
 
