@@ -124,6 +124,7 @@ def test_flow_runs_every_stage_then_reports_all_cached(repo: Path, prefect_harne
     assert (repo / "dvclive/grpo/plots/metrics/train/reward.tsv").exists()
     report = (repo / "reports/results.md").read_text()
     assert "| Naive RAG |" in report and "| grpo |" in report
+    assert "| grpo | SFT warm start (no RL) | 3 / 3 |" in report.split("## Paired comparisons")[1]
     assert (repo / "reports/results.png").exists() and (repo / "reports/training.png").exists()
 
     second = pipeline(repo=str(repo))

@@ -196,3 +196,46 @@ def test_every_series_gets_its_own_colour() -> None:
     # 16 methods: the paper report's 13 presets, two baselines and the warm start
     for n in (3, 10, 16, 20):
         assert len(set(series_colors(n))) == n
+
+
+def test_mcnemar_and_paired_em_hand_worked() -> None:
+    from agent_r1.evaluation.paired import mcnemar_p, paired_em
+
+    assert mcnemar_p(0, 0) == 1.0 and mcnemar_p(3, 3) == 1.0
+    assert mcnemar_p(9, 1) == pytest.approx(2 * 11 / 1024)  # P[Bin(10, 1/2) <= 1] = 11/1024, two-sided
+    assert mcnemar_p(10, 0) == pytest.approx(2 / 1024)
+    # A right on q0..q3, B right on q0 and q4; q5 both wrong; q9 only A answered (not paired)
+    a = [{"id": f"q{i}", "source": "s", "em": float(i < 4)} for i in range(6)] + [{"id": "q9", "source": "s", "em": 1.0}]
+    b = [{"id": f"q{i}", "source": "s", "em": float(i in (0, 4))} for i in range(6)]
+    p = paired_em(a, b)
+    d = [0, 1, 1, 1, -1, 0]
+    sd = (sum((x - 1 / 3) ** 2 for x in d) / 5) ** 0.5
+    assert (p.n, p.wins, p.losses) == (6, 3, 1) and p.delta == pytest.approx(2 / 6)
+    assert p.ci_high - p.delta == pytest.approx(1.959964 * sd / 6 ** 0.5)
+    assert p.p == pytest.approx(mcnemar_p(3, 1)) == pytest.approx(2 * 5 / 16)
+    assert paired_em(a, b, {"other"}) is None
+
+
+def test_report_compares_methods_question_by_question(tmp_path: Path) -> None:
+    from agent_r1.config import ExperimentConfig
+    from agent_r1.evaluation.report import comparisons, load_outcomes
+
+    eval_dir, out_dir = tmp_path / "eval", tmp_path / "outcomes"
+    eval_dir.mkdir(), out_dir.mkdir()
+    right = {"sft": range(2), "grpo": range(14), "grpo-no-loss-mask": range(13)}  # of 20 in-domain questions
+    for method, ok in right.items():
+        rows = [{"id": f"q{i}", "source": "synthetic", "type": "bridge", "em": float(i in ok), "f1": 0.0}
+                for i in range(20)]
+        (eval_dir / f"{method}.json").write_text(json.dumps(aggregate(rows, method)))
+        (out_dir / f"{method}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    experiments = {"grpo": ExperimentConfig(), "grpo-no-loss-mask": ExperimentConfig(ablation_of="grpo")}
+    assert comparisons(["sft", "grpo", "grpo-no-loss-mask"], {"grpo-no-loss-mask": "grpo"}) == [
+        ("grpo", "sft"), ("grpo-no-loss-mask", "grpo")]
+    outcomes = load_outcomes(out_dir, ["naive_rag", "sft", *experiments])
+    assert set(outcomes) == {"sft", "grpo", "grpo-no-loss-mask"}  # no naive_rag file: left out
+    text = write_report(eval_dir, ["synthetic"], tmp_path / "r.md", tmp_path / "r.png",
+                        experiments=experiments, outcomes=outcomes)
+    section = text.split("## Paired comparisons")[1]
+    # grpo vs warm start: 12 questions only grpo got, none only sft: p = 2 / 2^12, resolved
+    assert "| grpo | SFT warm start (no RL) | 20 / 0 | +0.600 [+0.380, +0.820] (12/0) | **0.000488** | – | – |" in section
+    assert "| grpo-no-loss-mask | grpo | 20 / 0 | -0.050 [-0.148, +0.048] (0/1) | 1 | – | – |" in section

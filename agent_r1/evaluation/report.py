@@ -4,7 +4,8 @@ for a presets file (paper/presets.yaml) also Table 4: each ablation's EM delta
 against the run it ablates, beside the paper's.
 
 Every number comes from a ``metrics/eval/<method>.json`` that DVC tracks (the
-paper's own numbers come from the presets file and PAPER_BASELINE_EM).
+paper's own numbers come from the presets file and PAPER_BASELINE_EM); the
+paired comparisons come from the per-question ``outcomes/<method>.jsonl``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from agent_r1.evaluation.paired import describe, paired_em
 from agent_r1.io import atomic_path, write_text
 
 log = logging.getLogger(__name__)
@@ -295,6 +297,51 @@ def behaviour_table(results: dict[str, dict], names: dict[str, str]) -> str:
     return "\n".join(detail)
 
 
+def load_outcomes(
+    outcomes_dir: Path, methods: list[str], baseline_dir: Path | None = None
+) -> dict[str, list[dict[str, Any]]]:
+    """``{method: per-question rows}`` of ``methods`` that have an ``<method>.jsonl`` (the baselines and
+    the warm start from ``baseline_dir`` when given)."""
+    out = {}
+    for m in methods:
+        folder = baseline_dir if baseline_dir is not None and m in BASELINE_ORDER else outcomes_dir
+        f = folder / f"{m}.jsonl"
+        if f.exists():
+            out[m] = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+    return out
+
+
+def comparisons(methods: list[str], ablation_of: dict[str, str]) -> list[tuple[str, str]]:
+    """(A, B) pairs to test: every trained run that is not an ablation against the warm start and
+    the baselines, each ablation against the run it ablates, and the trained runs pairwise."""
+    full = [m for m in methods if m not in BASELINE_ORDER and m not in ablation_of]
+    pairs = [(m, b) for m in full for b in BASELINE_ORDER[::-1] if b in methods]
+    pairs += [(m, base) for m, base in ablation_of.items() if m in methods and base in methods]
+    return pairs + [(a, b) for i, a in enumerate(full) for b in full[i + 1 :]]
+
+
+def paired_section(
+    outcomes: dict[str, list[dict[str, Any]]], in_domain: list[str], ablation_of: dict[str, str], names: dict[str, str]
+) -> list[str]:
+    """Each comparison question by question (:mod:`agent_r1.evaluation.paired`), in- and out-of-domain."""
+    sources = {r["source"] for rows in outcomes.values() for r in rows}
+    parts = (set(in_domain), sources - set(in_domain))
+    header = ["A", "B", "n in / out", "Δ EM in-domain [95% CI] (A only/B only)", "p", "Δ EM out-of-domain", "p"]
+    rows = []
+    for a, b in comparisons(list(outcomes), ablation_of):
+        pairs = [paired_em(outcomes[a], outcomes[b], part) for part in parts]
+        cells = [c for p in pairs for c in describe(p)]
+        cells[1::2] = [f"**{c}**" if c != "–" and float(c) < 0.05 else c for c in cells[1::2]]
+        n = " / ".join(str(p.n) if p else "0" for p in pairs)
+        rows.append([names.get(a, a), names.get(b, b), n, *cells])
+    return ["## Paired comparisons",
+            "A − B on the same questions: Δ = the mean EM difference with its 95% CI; in brackets, how many "
+            "questions only A and only B answered right; p = the exact two-sided McNemar test (bold: "
+            "p < 0.05, the difference is resolved; otherwise these questions do not tell A and B apart). "
+            "One training seed per run: the spread across seeds is not in these intervals.",
+            markdown_table(header, rows)] if rows else []
+
+
 def ablation_section(
     results: dict[str, dict],
     ablation_of: dict[str, str],
@@ -324,10 +371,12 @@ def write_report(
     experiments: dict[str, Any] | None = None,
     ablation_png: Path | None = None,
     warm_start: bool = True,
+    outcomes: dict[str, list[dict[str, Any]]] | None = None,
 ) -> str:
     """Write ``out_md`` (and its charts); ``experiments`` (name -> ExperimentConfig) picks the
     trained rows (``None``: every file in ``eval_dir``) and adds their labels, the paper's numbers and, for ablations, the Table-4 section.
-    ``warm_start`` false (sft.enabled false) relabels the "sft" row: no SFT happened."""
+    ``warm_start`` false (sft.enabled false) relabels the "sft" row: no SFT happened.
+    ``outcomes`` (method -> per-question rows, :func:`load_outcomes`) adds the paired comparisons."""
     results = load_results(eval_dir, baseline_dir, None if experiments is None else tuple(experiments))
     experiments = experiments or {}
     if not results:
@@ -356,6 +405,7 @@ def write_report(
             "Two rows closer than about two SEs are not told apart by this many questions.",
             f"![EM by source]({out_png.name})",
             *ablations,
+            *paired_section({m: outcomes[m] for m in results if m in (outcomes or {})}, in_domain, ablation_of, names),
             "## F1",
             markdown_table(f1_header, f1_rows),
             "## Behaviour",

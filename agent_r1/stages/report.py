@@ -24,11 +24,13 @@ def report(
     chart: Path = paths.RESULTS_PNG,
     curves: Path = paths.TRAINING_PNG,
     ablations: Path = paths.ABLATIONS_PNG,
+    outcomes: Path = paths.OUTCOMES_DIR,
+    baseline_outcomes: Path | None = None,
 ) -> None:
     """The results of ``eval_dir`` (the baselines and the warm start from ``baselines`` when
     given: the paper presets' report reads them from the default pipeline's metrics/eval)."""
     from agent_r1.data.schema import read_questions
-    from agent_r1.evaluation.report import training_curves, write_report
+    from agent_r1.evaluation.report import BASELINE_ORDER, load_outcomes, training_curves, write_report
 
     # In-domain = the sources the policy trains on; every other test source is out-of-domain.
     in_domain = sorted(read_questions(train_questions)["source"].unique())
@@ -41,12 +43,14 @@ def report(
             f"Experiments: {', '.join(shown)}. Per-step values live in `dvclive/<experiment>/`; "
             "compare runs with `dvc plots diff`.",
         )
+    methods = [*BASELINE_ORDER, *params.experiments]
     text = write_report(
         eval_dir, in_domain, out, chart, extra,
         baseline_dir=baselines,
         experiments=params.experiments,
         ablation_png=ablations,
         warm_start=params.sft.enabled,
+        outcomes=load_outcomes(outcomes, methods, baseline_outcomes),
     )
     print(text)
 
