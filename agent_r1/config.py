@@ -109,6 +109,10 @@ class DataConfig(_Strict):
         default_factory=list, description="downloaded sources whose questions are all test questions (out-of-domain)"
     )
     seed: Seed = 0
+    val_questions: int = Field(
+        100, ge=0, description="train questions held out per trained-on source as the validation split: in-training "
+        "evals and anything chosen by looking at results read it, never the test split (0: none, and no RL)",
+    )
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="free-form settings for plugin sources: each gets them as `self.options` (generate / read)",
@@ -502,8 +506,8 @@ class TrainConfig(_Strict):
     gradient_checkpointing: bool = False
     num_procs: int = Field(1, ge=1, description="ranks under the deepspeed launcher")
     save_every: int = Field(5, ge=1, description="checkpoint every N steps")
-    eval_every: int = Field(5, ge=1, description="greedy held-out eval every N steps")
-    eval_questions: int = Field(40, ge=1, description="held-out questions for the in-training eval")
+    eval_every: int = Field(5, ge=1, description="greedy eval on the validation split every N steps (eval/* metrics)")
+    eval_questions: int = Field(40, ge=1, description="validation questions for the in-training eval")
     seed: Seed = 0
 
 

@@ -13,6 +13,7 @@ RAW_DIR = DATA_DIR / "raw"  # download stage: official files as published
 RAW_SOURCE = RAW_DIR / "source.json"  # which source, and which file in RAW_DIR holds it
 PREPARED_DIR = DATA_DIR / "prepared"  # prepare stage: normalised parquet
 TRAIN_QUESTIONS = PREPARED_DIR / "train.parquet"
+VAL_QUESTIONS = PREPARED_DIR / "val.parquet"  # held out of train: what in-training evals read
 TEST_QUESTIONS = PREPARED_DIR / "test.parquet"
 CORPUS = PREPARED_DIR / "corpus.parquet"
 

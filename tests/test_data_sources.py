@@ -90,13 +90,15 @@ def test_generated_plugin_source_is_prepared_and_indexed(tmp_path: Path, monkeyp
     from agent_r1.stages.prepare import prepare
 
     _plugin(tmp_path, monkeypatch, "capitals_gen", GENERATED)
-    params = parse_params({"data": {"source": "capitals_gen:Capitals", "options": {"test": 2}}})
+    params = parse_params({"data": {"source": "capitals_gen:Capitals", "options": {"test": 2}, "val_questions": 1}})
     _project(tmp_path, monkeypatch)
     download_data(params)  # downloads nothing; records the source
     assert json.loads(paths.RAW_SOURCE.read_text()) == {"source": "capitals_gen:Capitals", "file": None}
     prepare(params)
     train, test = read_questions(paths.TRAIN_QUESTIONS), read_questions(paths.TEST_QUESTIONS)
-    assert list(test["id"]) == ["q0", "q1"] and list(train["id"]) == ["q2", "q3", "q4"]  # options.test = 2
+    val = read_questions(paths.VAL_QUESTIONS)
+    assert list(test["id"]) == ["q0", "q1"] and sorted([*train["id"], *val["id"]]) == ["q2", "q3", "q4"]  # test = 2
+    assert len(val) == 1  # data.val_questions, carved out of train
     corpus = read_corpus(paths.CORPUS)
     assert len(corpus) == 5
     # the index stage's BM25 over a five-document corpus: the capital question finds its country's document
@@ -126,7 +128,8 @@ def test_downloaded_plugin_source_goes_through_download_and_prepare(
     published = tmp_path / "published.tsv"
     published.write_text(TSV)
     _plugin(tmp_path, monkeypatch, "tabqa_src", DOWNLOADED.format(url=published.as_uri()))
-    params = parse_params({"data": {"source": "tabqa_src:TabQA", "real": {"max_questions": 5, "test_fraction": 0.4}}})
+    params = parse_params({"data": {"source": "tabqa_src:TabQA", "val_questions": 1,
+                                    "real": {"max_questions": 5, "test_fraction": 0.4}}})
     _project(tmp_path, monkeypatch)
     download_data(params)
     assert json.loads(paths.RAW_SOURCE.read_text()) == {"sources": {"tabqa_src:TabQA": "tabqa_src.TabQA/tabqa.tsv"},
@@ -136,7 +139,9 @@ def test_downloaded_plugin_source_goes_through_download_and_prepare(
     assert (paths.RAW_DIR / "tabqa_src.TabQA" / "tabqa.tsv").read_text() == TSV
     prepare(params)
     train, test = read_questions(paths.TRAIN_QUESTIONS), read_questions(paths.TEST_QUESTIONS)
-    assert sorted([*train["id"], *test["id"]]) == [f"t{i}" for i in range(5)]  # max_questions, split by hash
+    val = read_questions(paths.VAL_QUESTIONS)
+    assert sorted([*train["id"], *val["id"], *test["id"]]) == [f"t{i}" for i in range(5)]  # max_questions, by hash
+    assert len(val) == 1
     assert len(train) and len(test) and set(test["source"]) == {"tabqa"}
     assert list(read_corpus(paths.CORPUS)["title"]) == [f"Book {i}" for i in range(5)]
 
@@ -152,7 +157,7 @@ def test_downloaded_plugin_as_test_only_beside_a_built_in(tmp_path: Path, monkey
     published.write_text(TSV)
     _plugin(tmp_path, monkeypatch, "tabqa_ood", DOWNLOADED.format(url=published.as_uri()))
     hotpot = _write_json(tmp_path / "hotpot.json", HOTPOT)
-    params = parse_params({"data": {"source": ["hotpotqa"], "test_only": ["tabqa_ood:TabQA"],
+    params = parse_params({"data": {"source": ["hotpotqa"], "test_only": ["tabqa_ood:TabQA"], "val_questions": 0,
                                     "real": {"mirrors": {"hotpotqa": {"url": hotpot.as_uri()}}}}})
     download_sources(params.data, tmp_path / "raw")
     questions, corpus = load_questions_and_corpus(params.data, tmp_path / "raw")

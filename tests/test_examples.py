@@ -16,7 +16,7 @@ from examples.arithmetic import (
 )
 
 EXAMPLE_PARAMS = {
-    "data": {"source": "examples.arithmetic:ArithmeticProblems", "options": {"n_train": 40, "n_test": 12}},
+    "data": {"source": "examples.arithmetic:ArithmeticProblems", "options": {"n_train": 40, "n_test": 12}, "val_questions": 4},
     "env": {"tools": ["examples.arithmetic:Calculator"], "reward": {"scheme": "examples.arithmetic:numeric_reward"}},
     "sft": {"enabled": False},
 }

@@ -565,7 +565,7 @@ def test_several_sources_download_and_prepare_together(tmp_path: Path, monkeypat
         "musique": _write_jsonl(tmp_path / "musique.jsonl", MUSIQUE),
     }
     params = parse_params({"data": {
-        "source": ["hotpotqa", "2wikimultihopqa"], "test_only": ["musique"], "seed": 0,
+        "source": ["hotpotqa", "2wikimultihopqa"], "test_only": ["musique"], "seed": 0, "val_questions": 0,
         "real": {"test_fraction": 0.5, "mirrors": {s: {"url": f.as_uri()} for s, f in files.items()}},
     }})
     project = tmp_path / "project"
@@ -625,3 +625,19 @@ def test_empty_aliases_are_dropped_and_counted(
         q, _ = read_official(source, path)
     assert list(_row(q, qid)["answers"]) == want
     assert f"{path}: dropped 2 answer aliases that normalise to the empty string" in caplog.text
+
+
+def test_validation_split_is_carved_from_train_stably_and_named_when_too_large() -> None:
+    from agent_r1.data.prepare import carve_validation
+
+    q = pd.DataFrame({"id": [f"q{i}" for i in range(300)], "source": ["a"] * 200 + ["b"] * 100,
+                      "split": ["train"] * 150 + ["test"] * 50 + ["train"] * 80 + ["test"] * 20})
+    out = carve_validation(q, 10, seed=3)
+    assert out.groupby(["source", "split"]).size().to_dict() == {
+        ("a", "test"): 50, ("a", "train"): 140, ("a", "val"): 10, ("b", "test"): 20, ("b", "train"): 70, ("b", "val"): 10}
+    assert (out.loc[q["split"] == "test", "split"] == "test").all()  # the test split is never touched
+    shuffled = carve_validation(q.sample(frac=1, random_state=0), 10, seed=3).sort_index()
+    assert (shuffled["split"] == out["split"]).all()  # order-free
+    assert (carve_validation(q, 0, seed=3)["split"] == q["split"]).all()
+    with pytest.raises(ValueError, match=r"data.val_questions=80: source 'b' has only 80 train questions"):
+        carve_validation(q, 80, seed=3)

@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY_DATA = {
     "source": "synthetic",
     "seed": 3,
+    "val_questions": 4,
     "synthetic": {"n_train": 40, "n_test": 20, "n_test_ood": 10, "entities_per_type": 40},
 }
 # Every stage for real, at toy sizes: 4 demos, 2 RL steps of 2 questions x 2 samples, 4 eval questions per source.
@@ -110,7 +111,7 @@ def test_flow_runs_every_stage_then_reports_all_cached(repo: Path, prefect_harne
     assert (repo / "models/policy/model.safetensors").exists()
     assert (repo / "indexes/bm25/index.json").exists() and (repo / "indexes/dense/index.json").exists()
     data = json.loads((repo / "metrics/data.json").read_text())
-    assert data["train"]["n"] == 40 and data["test"]["n"] == 30
+    assert data["train"]["n"] == 36 and data["val"]["n"] == 4 and data["test"]["n"] == 30
     retrieval = json.loads((repo / "metrics/retrieval.json").read_text())
     assert retrieval["top_k"] == 3 and {"bm25", "dense"} <= set(retrieval)
     for method in ("naive_rag", "base_tool_call", "sft", "grpo"):
@@ -347,6 +348,7 @@ def test_step_level_training_with_a_managed_context_runs_through_dvc(repo: Path)
 EXAMPLE_TASK = {
     "data__source": "examples.arithmetic:ArithmeticProblems",
     "data__options": {"n_train": 24, "n_test": 8},
+    "data__val_questions": 4,
     "env__tools": ["examples.arithmetic:Calculator"],
     "env__reward__scheme": "examples.arithmetic:numeric_reward",
     "sft__enabled": False,
@@ -361,7 +363,7 @@ def test_the_example_task_trains_through_dvc_from_params_alone(
     repo = make_repo(tmp_path_factory.mktemp("example"), policy_dir, encoder_dir, **EXAMPLE_TASK)
     dvc(repo, "repro", "evaluate@grpo")
     data = json.loads((repo / "metrics/data.json").read_text())
-    assert data["train"]["by_source"] == {"arithmetic": 24} and data["test"]["by_source"] == {"arithmetic": 8}
+    assert data["train"]["by_source"] == {"arithmetic": 20} and data["test"]["by_source"] == {"arithmetic": 8}
     assert json.loads((repo / "checkpoints/grpo/latest.json").read_text())["step"] == 2
     result = json.loads((repo / "metrics/eval/grpo.json").read_text())
     assert set(result["by_source"]) == {"arithmetic"} and result["n"] == 3

@@ -24,11 +24,35 @@ from agent_r1.data.schema import SchemaError, validate_corpus, validate_question
 from agent_r1.data.sources import get_source
 from agent_r1.paths import RAW_SOURCE
 
-SPLITS: tuple[str, ...] = ("train", "test")
+SPLITS: tuple[str, ...] = ("train", "test")  # what a source assigns; prepare then carves "val" out of train
+PREPARED_SPLITS: tuple[str, ...] = ("train", "val", "test")
 
 
 def load_questions_and_corpus(data: DataConfig, raw_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Questions (with ``split`` set) and corpus for ``data.source`` (+ ``data.test_only``)."""
+    """Questions (``split``: train / val / test) and corpus for ``data.source`` (+ ``data.test_only``)."""
+    questions, corpus = _source_questions_and_corpus(data, raw_dir)
+    return carve_validation(questions, data.val_questions, data.seed), corpus
+
+
+def carve_validation(questions: pd.DataFrame, per_source: int, seed: int) -> pd.DataFrame:
+    """Move ``per_source`` train questions of each source to split "val": those with the smallest hash of
+    (seed, id), so the choice is stable under reordering and subsetting, like the test split's."""
+    out = questions.copy()
+    if per_source == 0:
+        return out
+    for source, group in out[out["split"] == "train"].groupby("source", sort=True):
+        if len(group) <= per_source:
+            raise ValueError(
+                f"data.val_questions={per_source}: source {source!r} has only {len(group)} train questions, which "
+                "would leave none to train on; lower data.val_questions or add questions"
+            )
+        u = pd.Series([_unit_hash(seed + 1, qid) for qid in group["id"]], index=group.index)
+        out.loc[u.nsmallest(per_source).index, "split"] = "val"
+    return out
+
+
+def _source_questions_and_corpus(data: DataConfig, raw_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Questions (split train / test) and corpus, as the sources give them."""
     downloaded = data.downloaded_sources
     if not downloaded:
         questions, corpus = get_source(data.source, data.options).generate(data)

@@ -1,4 +1,4 @@
-"""prepare stage: normalised train/test questions and the retrieval corpus (parquet)."""
+"""prepare stage: normalised train/val/test questions and the retrieval corpus (parquet)."""
 
 from __future__ import annotations
 
@@ -30,14 +30,14 @@ def summary(questions: pd.DataFrame, corpus: pd.DataFrame) -> dict:
 def prepare(
     params: Params, *, raw: Path = paths.RAW_DIR, out: Path = paths.PREPARED_DIR, metrics: Path = paths.PREPARE_METRICS
 ) -> None:
-    from agent_r1.data.prepare import load_questions_and_corpus
+    from agent_r1.data.prepare import PREPARED_SPLITS, load_questions_and_corpus
 
     questions, corpus = load_questions_and_corpus(params.data, raw)
     log.info("%d questions, %d documents", len(questions), len(corpus))
     with atomic_dir(out) as tmp:
-        for split in ("train", "test"):
+        for split in PREPARED_SPLITS:
             part = questions[questions["split"] == split].reset_index(drop=True)
-            if part.empty:
+            if part.empty and not (split == "val" and params.data.val_questions == 0):
                 raise ValueError(f"data.source {params.data.source!r} produced no {split} questions")
             write_questions(part, tmp / f"{split}.parquet")
         write_corpus(corpus, tmp / paths.CORPUS.name)

@@ -42,14 +42,15 @@ def train(
     sft: Path = paths.SFT_MODEL,
     indexes: Path = paths.INDEX_DIR,
     train_questions: Path = paths.TRAIN_QUESTIONS,
-    test_questions: Path = paths.TEST_QUESTIONS,
+    val_questions: Path = paths.VAL_QUESTIONS,
     out: Path | None = None,
     checkpoints: Path | None = None,
     live: Path | None = None,
     metrics: Path | None = None,
 ) -> None:
-    """RL from ``sft`` or ``policy`` (the experiment's ``init``). The per-experiment outputs
-    default to <models/trained|checkpoints|dvclive>/<experiment> and metrics/train/<experiment>.json."""
+    """RL from ``sft`` or ``policy`` (the experiment's ``init``), its in-training evals on the validation
+    split (never the test split). The per-experiment outputs default to
+    <models/trained|checkpoints|dvclive>/<experiment> and metrics/train/<experiment>.json."""
     from agent_r1.data.schema import read_questions
     from agent_r1.retrieval import check_index
 
@@ -57,6 +58,10 @@ def train(
     p = experiment_params(params, experiment)
     location = paths.index_location(p.retrieval.index, indexes)
     check_index(location)  # before launching ranks or loading a model
+    val = read_questions(val_questions)
+    if val.empty:
+        raise ValueError(f"{val_questions} holds no questions (data.val_questions is 0): the in-training evals "
+                         "need a validation split; set data.val_questions >= 1 and re-run prepare")
     if p.train.num_procs > 1 and "LOCAL_RANK" not in os.environ:
         relaunch_under_deepspeed(p.train.num_procs)
 
@@ -65,14 +70,13 @@ def train(
     from agent_r1.training.trainer import train_rl
 
     init = sft if exp.init == "sft" else policy
-    test = read_questions(test_questions)
-    per_source = max(1, p.train.eval_questions // max(test["source"].nunique(), 1))
+    per_source = max(1, p.train.eval_questions // max(val["source"].nunique(), 1))
     summary = train_rl(
         p,
         init_model=init,
         index_path=location,
         train_questions=read_questions(train_questions).to_dict("records"),
-        eval_questions=select_questions(test, per_source, p.eval.seed),
+        eval_questions=select_questions(val, per_source, p.eval.seed),
         out_model=out or paths.TRAINED_DIR / experiment,
         checkpoint_dir=checkpoints or paths.CHECKPOINT_DIR / experiment,
         live_dir=live or paths.LIVE_DIR / experiment,

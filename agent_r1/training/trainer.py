@@ -17,7 +17,8 @@ One step, per rank (whole GRPO/RLOO groups stay on one rank):
    one optimizer step; the critic likewise with the clipped value loss;
 5. the rollout engine gets the new weights in memory.
 
-Metrics go to dvclive every step; a greedy held-out evaluation every
+Metrics go to dvclive every step; a greedy evaluation on held-out
+questions (the stage passes the validation split, never the test split) every
 ``eval_every`` steps; DeepSpeed checkpoints every ``save_every`` steps, from
 which a killed run resumes.
 
