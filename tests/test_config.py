@@ -136,6 +136,9 @@ def test_paper_presets_file_is_valid_and_covers_the_paper() -> None:
         off = experiment_params(params, f"{algo}-no-process")
         assert not off.env.reward.process.enabled and off.algorithm.name == algo
         assert params.experiments[f"{algo}-no-process"].ablation_of == algo
+    steps = {n: experiment_params(params, n) for n in ("grpo-step", "grpo-step-last1", "ppo-step")}
+    assert all(p.algorithm.representation == "step" for p in steps.values())
+    assert steps["grpo-step-last1"].env.context.keep_last == 1 and not steps["grpo-step"].env.context.managed
 
 
 def test_presets_file_errors_name_the_file(tmp_path: Path) -> None:
