@@ -327,8 +327,9 @@ def test_step_level_training_with_a_managed_context_runs_through_dvc(repo: Path)
         dvc(repo, "repro")
     original = (repo / "params.yaml").read_text()
     params = yaml.safe_load(original)
-    params["experiments"]["grpo_step"] = {"init": "sft", "overrides": {
-        "env": {"one_shot": False, "context": {"keep_last": 1}}, "algorithm": {"representation": "step"}}}
+    params["experiments"]["grpo_step"] = {"init": "sft", "overrides": {  # one RL step: the suite's time is short
+        "env": {"one_shot": False, "context": {"keep_last": 1}}, "algorithm": {"representation": "step"},
+        "train": {"steps": 1, "save_every": 1}}}
     (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     try:
         out = dvc(repo, "repro", "evaluate@grpo_step").stdout
@@ -336,7 +337,7 @@ def test_step_level_training_with_a_managed_context_runs_through_dvc(repo: Path)
         assert ran == ["Running stage 'train@grpo_step':", "Running stage 'evaluate@grpo_step':"]
         last = json.loads((repo / "metrics/train/grpo_step.json").read_text())["last"]
         assert last["step_samples"] == pytest.approx(4 * last["turns"])  # one sample per turn of 2 x 2 episodes
-        assert json.loads((repo / "checkpoints/grpo_step/latest.json").read_text())["step"] == 2
+        assert json.loads((repo / "checkpoints/grpo_step/latest.json").read_text())["step"] == 1
         assert json.loads((repo / "metrics/eval/grpo_step.json").read_text())["n"] == 6
         assert len((repo / "outcomes/grpo_step.jsonl").read_text().splitlines()) == 6
         flat = json.loads((repo / "metrics/train/grpo.json").read_text())["last"]
