@@ -32,6 +32,9 @@ def run_isolated(check: str) -> None:
     assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
 
 
+# Slow suite: about 2 minutes of a 2-core machine (vLLM's start-up twice), and rollout.engine: vllm
+# is not the CPU default; `make test` had grown past its 15 minutes on a 2-core AMD EPYC.
+@pytest.mark.slow
 def test_vllm_engine_logprobs_stops_and_in_memory_weight_sync() -> None:
     run_isolated("check_vllm_engine.py")
 
