@@ -541,11 +541,8 @@ def step_samples(params: Params, batch: TrajectoryBatch, critic: Any = None) -> 
         alg.name, step_rewards=step_rewards, step_mask=step_mask, group_id=group, values=table, gamma=alg.gamma,
         lam=alg.lam, process_rewards=alg.process_rewards_in_advantage, norm_by_std=alg.norm_by_std,
     )
-    samples = StepSamples(steps, broadcast_to_actions(steps, advantages))
-    if critic is not None:
-        samples.value_mask, samples.values = value_mask, values
-        samples.returns = returns[steps.episode, steps.turn][:, None] * value_mask
-    return samples
+    step_returns = returns[steps.episode, steps.turn][:, None] * value_mask if critic is not None else None
+    return StepSamples(steps, broadcast_to_actions(steps, advantages), value_mask, values, step_returns)
 
 
 def step_rl_step(params: Params, engines: Engines, batch: TrajectoryBatch, world: int = 1) -> dict[str, float]:
