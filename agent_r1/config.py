@@ -540,6 +540,9 @@ class ExperimentConfig(_Strict):
     paper_em: float | None = Field(
         None, ge=0.0, le=1.0, description="Agent-R1's average EM for this row (Tables 3/4), shown beside ours"
     )
+    seeds: list[Seed] | None = Field(
+        None, description="the training seeds of its runs; set from a presets file's `seeds`, never by hand"
+    )
 
 
 # ----------------------------------------------------------------------- eval
@@ -547,7 +550,7 @@ class EvalConfig(_Strict):
     """Greedy held-out evaluation (baselines, evaluate, report)."""
 
     questions_per_source: int | None = Field(
-        75, ge=1, description="seeded sample of test questions per source; None = all"
+        200, ge=1, description="seeded sample of test questions per source; None = all"
     )
     seed: Seed = 0
     naive_rag_max_new_tokens: int = Field(48, ge=1)
@@ -748,18 +751,104 @@ def parse_params(raw: Any, source: str = "<params>") -> Params:
         raise ParamsError(source, [_describe(e) for e in exc.errors()]) from None
 
 
-def with_presets(params: Params, path: str | Path) -> Params:
-    """``params`` with its ``experiments`` replaced by the ``experiments`` of a presets file.
+class LearningCurveConfig(_Strict):
+    """One long run of a preset, scored on the validation split every ``eval_every`` steps:
+    the curve the presets' step budget (``overrides.train.steps``) is chosen on."""
 
-    A presets file (paper/presets.yaml) holds named experiments only; everything else is
-    shared with params.yaml. Errors name the presets file and the key.
-    """
+    experiment: str = Field("grpo", min_length=1, description="the preset it runs (an experiments key)")
+    steps: int = Field(100, ge=1)
+    eval_every: int = Field(10, ge=1)
+    eval_questions: int = Field(100, ge=1, description="validation questions per eval")
+
+
+class PresetsFile(_Strict):
+    """A presets file (paper/presets.yaml): named experiments over params.yaml, and how they are run."""
+
+    experiments: dict[str, Any] = Field(description="named experiments, as params.yaml's `experiments`; run once per seed")
+    extra: dict[str, Any] = Field(default_factory=dict, description="more experiments, run with the first seed only")
+    seeds: list[Seed] = Field(default_factory=lambda: [0], min_length=1, description="train.seed of each run of a preset")
+    overrides: dict[str, Any] = Field(
+        default_factory=dict, description="params groups every preset changes (beneath its own overrides)"
+    )
+    learning_curve: LearningCurveConfig | None = None
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct(cls, v: list[int]) -> list[int]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"must be distinct, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _names_once(self) -> "PresetsFile":
+        if both := sorted(set(self.experiments) & set(self.extra)):
+            raise ValueError(f"extra: {both} also in experiments; a preset is named once")
+        for group, presets in (("experiments", self.experiments), ("extra", self.extra)):
+            if own := [n for n, e in presets.items() if isinstance(e, dict) and "seeds" in e]:
+                raise ValueError(f"{group}.{own[0]}.seeds: a preset's seeds are the file's `seeds` (all, or "
+                                 "the first for `extra`)")
+        return self
+
+    def seeds_of(self, name: str) -> list[int]:
+        """The training seeds preset ``name`` runs with."""
+        return list(self.seeds) if name in self.experiments else list(self.seeds[:1])
+
+
+def read_presets(path: str | Path) -> PresetsFile:
+    """A presets file, validated; errors name the file and the key."""
     raw = read_yaml(Path(path))
-    if not isinstance(raw, dict) or set(raw) != {"experiments"} or not isinstance(raw["experiments"], dict):
-        raise ParamsError(str(path), ["<root>: a presets file holds exactly one key, `experiments` (a mapping)"])
+    if not isinstance(raw, dict):
+        raise ParamsError(str(path), ["<root>: a presets file is a mapping with an `experiments` key"])
+    try:
+        return PresetsFile.model_validate(raw)
+    except ValidationError as exc:
+        raise ParamsError(str(path), [_describe(e) for e in exc.errors()]) from None
+
+
+def with_presets(params: Params, path: str | Path) -> Params:
+    """``params`` with its ``experiments`` replaced by those of a presets file, each over the
+    file's shared ``overrides``. Everything else is shared with params.yaml; errors name the
+    presets file and the key."""
+    presets = read_presets(path)
     merged = params.model_dump()
-    merged["experiments"] = raw["experiments"]
-    return parse_params(merged, str(path))
+    merged["experiments"] = {
+        name: {**exp, "overrides": _deep_merge(presets.overrides, exp.get("overrides") or {}),
+               "seeds": presets.seeds_of(name)}
+        if isinstance(exp, dict) else exp
+        for name, exp in {**presets.experiments, **presets.extra}.items()
+    }
+    out = parse_params(merged, str(path))
+    curve = presets.learning_curve
+    if curve is not None and curve.experiment not in out.experiments:
+        raise ParamsError(str(path), [f"learning_curve.experiment: {curve.experiment!r} is not an experiment here"])
+    return out
+
+
+def with_sets(params: Params, experiment: str, sets: list[str]) -> Params:
+    """``params`` with ``KEY=VALUE`` settings (``train.seed=1``; VALUE is YAML) added to experiment
+    ``experiment``'s overrides, last: a stage's ``--set``, as ``dvc exp run -S`` is for params.yaml."""
+    extra: dict[str, Any] = {}
+    for item in sets:
+        key, eq, value = item.partition("=")
+        if not eq or not re.fullmatch(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)*", key):
+            raise ParamsError("--set", [f"{item!r}: expected KEY=VALUE with a dotted params key (train.seed=1)"])
+        if key.split(".")[0] == "experiments":
+            raise ParamsError("--set", [f"{key}: sets one experiment's params, not the experiments"])
+        node = extra
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
+    if experiment not in params.experiments:
+        raise ParamsError("--set", [f"{experiment!r} is no experiment of these params: --set changes an experiment's"])
+    exp = params.experiments[experiment]
+    changed = exp.model_copy(update={"overrides": _deep_merge(exp.overrides, extra)})
+    out = params.model_copy(update={"experiments": {**params.experiments, experiment: changed}})
+    try:
+        experiment_params(out, experiment)
+    except ValueError as exc:
+        raise ParamsError("--set", [str(exc).replace(f"experiments.{experiment}.overrides.", "")]) from None
+    return out
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -808,4 +897,8 @@ def read_yaml(path: Path) -> Any:
 
 def load_params(path: str | Path = DEFAULT_PARAMS) -> Params:
     """Read and validate a params file (YAML). Errors name the file and each key."""
-    return parse_params(read_yaml(Path(path)), str(path))
+    params = parse_params(read_yaml(Path(path)), str(path))
+    if by_hand := [n for n, e in params.experiments.items() if e.seeds is not None]:
+        raise ParamsError(str(path), [f"experiments.{n}.seeds: set by a presets file's `seeds`; an experiment of "
+                                      "params.yaml is one run of train.seed" for n in by_hand])
+    return params

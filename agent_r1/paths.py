@@ -47,3 +47,18 @@ def index_location(index: str, indexes: Path = INDEX_DIR) -> Path | str:
     """Where ``retrieval.index`` lives: a retrieval server's URL as is, else the folder of that kind in ``indexes``."""
     return index if index.startswith(REMOTE_INDEX_SCHEMES) else Path(indexes) / index
 
+
+
+# A presets file runs each preset once per training seed: its files are named <preset>.seed<k>.
+SEED_TAG = ".seed"
+
+
+def seeded(name: str, seed: int) -> str:
+    """The file stem of run ``seed`` of preset ``name``: ``grpo.seed1``."""
+    return f"{name}{SEED_TAG}{seed}"
+
+
+def split_seeded(stem: str) -> tuple[str, int | None]:
+    """``grpo.seed1`` -> ``("grpo", 1)``; a stem without a seed tag -> ``(stem, None)``."""
+    name, tag, seed = stem.rpartition(SEED_TAG)
+    return (name, int(seed)) if tag and name and seed.isdigit() else (stem, None)

@@ -26,6 +26,7 @@ from prefect.artifacts import (
 )
 from prefect.logging import get_run_logger
 
+from agent_r1.paths import seeded
 from tasks.offline import telemetry_off
 
 # Phrases `dvc repro` prints for a stage it did not run.
@@ -96,21 +97,26 @@ class TrainProgress:
 
     @classmethod
     def for_stage(cls, stage: str, repo: str = ".") -> TrainProgress | None:
-        """None unless ``stage`` trains: ``train@NAME``, or ``<dir>/dvc.yaml:run@NAME`` for a
-        preset of ``<dir>/presets.yaml``."""
-        from agent_r1.config import experiment_params, load_params, with_presets
+        """None unless ``stage`` trains: ``train@NAME``; or, of ``<dir>/dvc.yaml`` with its
+        ``<dir>/presets.yaml``, a run ``run@PRESET-SEED`` / ``extra@PRESET-SEED`` or the ``curve``."""
+        from agent_r1.config import experiment_params, load_params, read_presets, with_presets
 
         dvcfile, _, name = stage.rpartition(":")
-        kind, _, experiment = name.partition("@")
-        if kind not in ("train", "run") or not experiment:
-            return None
+        kind, _, item = name.partition("@")
         root = Path(repo) / Path(dvcfile).parent if dvcfile else Path(repo)
         params = load_params(Path(repo) / "params.yaml")
-        if dvcfile:
+        if kind == "train" and item and not dvcfile:
+            steps, live = experiment_params(params, item).train.steps, root / "dvclive" / item
+        elif dvcfile and kind in ("run", "extra") and item:
+            preset, _, seed = item.rpartition("-")
             params = with_presets(params, root / "presets.yaml")
-        steps = experiment_params(params, experiment).train.steps
+            steps, live = experiment_params(params, preset).train.steps, root / "dvclive" / seeded(preset, int(seed))
+        elif dvcfile and kind == "curve" and (curve := read_presets(root / "presets.yaml").learning_curve):
+            steps, live = curve.steps, root / "dvclive" / "curve"
+        else:
+            return None
         key = re.sub(r"[^a-z0-9-]+", "-", f"progress-{name}".lower()).strip("-")
-        return cls(root / "dvclive" / experiment / "metrics.json", steps, key)
+        return cls(live / "metrics.json", steps, key)
 
     def steps_done(self) -> int:
         try:
@@ -212,14 +218,15 @@ REPORTS = {
 }
 
 
-def report_experiments(repo: Path, presets: Path | None) -> tuple[str, ...]:
-    """The experiments a report shows: those of params.yaml, or of a presets file."""
+def report_experiments(repo: Path, presets: Path | None) -> dict[str, list[int] | None]:
+    """The experiments a report shows, with their training seeds: those of params.yaml (one run
+    each: None), or of a presets file."""
     from agent_r1.config import load_params, with_presets
 
     params = load_params(repo / "params.yaml")
     if presets is not None:
         params = with_presets(params, repo / presets)
-    return tuple(params.experiments)
+    return {name: e.seeds for name, e in params.experiments.items()}
 
 
 @task(name="publish-reports")
@@ -234,7 +241,9 @@ def publish_reports(repo: str = ".") -> list[str]:
             continue
         create_markdown_artifact(md.read_text(), key=key, description=f"{rel} of this run")
         eval_dir, baseline_dir = md.parent.parent / "metrics" / "eval", Path(repo) / "metrics" / "eval"
-        rows = results_rows(eval_dir, baseline_dir, report_experiments(Path(repo), presets))
+        shown = report_experiments(Path(repo), presets)
+        seeds = {name: s for name, s in shown.items() if s}
+        rows = results_rows(eval_dir, baseline_dir, tuple(shown), seeds)
         if rows:
             create_table_artifact(table=rows, key=f"{key}-results", description=f"Held-out EM/F1 in {rel}")
         published.append(key)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import re
 from pathlib import Path
 
 import pytest
@@ -132,13 +133,59 @@ def test_paper_presets_file_is_valid_and_covers_the_paper() -> None:
     assert not names["ppo-no-adv-mask"].advantage_mask and names["ppo-no-adv-mask"].loss_mask
     assert not names["ppo-no-masks"].advantage_mask and not names["ppo-no-masks"].loss_mask
     assert not names["grpo-no-loss-mask"].loss_mask and names["grpo-no-loss-mask"].advantage_mask
-    for algo in ("ppo", "grpo", "reinforce_pp", "reinforce_pp_baseline", "rloo"):
-        off = experiment_params(params, f"{algo}-no-process")
-        assert not off.env.reward.process.enabled and off.algorithm.name == algo
-        assert params.experiments[f"{algo}-no-process"].ablation_of == algo
+    env_off, at_end = experiment_params(params, "grpo-no-process"), experiment_params(params, "grpo-process-at-end")
+    assert not env_off.env.reward.process.enabled and env_off.algorithm.process_rewards_in_advantage
+    assert at_end.env.reward.process.enabled and not at_end.algorithm.process_rewards_in_advantage
     steps = {n: experiment_params(params, n) for n in ("grpo-step", "grpo-step-last1", "ppo-step")}
     assert all(p.algorithm.representation == "step" for p in steps.values())
     assert steps["grpo-step-last1"].env.context.keep_last == 1 and not steps["grpo-step"].env.context.managed
+    base = params.experiments["grpo-base"]
+    assert base.init == "base" and experiment_params(params, "grpo-base").env.one_shot
+    # every preset of the paper's tables and the base-model run have >= 3 seeds; the budget is shared
+    table = [*names.keys() - {"grpo-step", "grpo-step-last1", "ppo-step", "grpo-no-process", "grpo-process-at-end"}]
+    assert all(len(params.experiments[n].seeds) >= 3 for n in table) and len(table) == 9
+    assert len({experiment_params(params, n).train.steps for n in params.experiments}) == 1
+
+
+def test_presets_file_shares_overrides_and_seeds(tmp_path: Path) -> None:
+    from agent_r1.config import experiment_params, read_presets, with_presets
+
+    f = tmp_path / "presets.yaml"
+    f.write_text("seeds: [3, 4]\noverrides: {train: {steps: 7, actor_lr: 2.0e-5}}\n"
+                 "experiments:\n  a: {overrides: {train: {steps: 9}, env: {one_shot: false}}}\n"
+                 "extra:\n  b: {overrides: {env: {one_shot: false}}}\n")
+    params = with_presets(load_params(ROOT / "params.yaml"), f)
+    a, b = experiment_params(params, "a"), experiment_params(params, "b")
+    assert (a.train.steps, a.train.actor_lr, b.train.steps) == (9, 2e-5, 7)  # the preset's own override wins
+    assert params.experiments["a"].seeds == [3, 4] and params.experiments["b"].seeds == [3]
+    assert read_presets(f).seeds_of("b") == [3]
+    for text, needle in [
+        ("seeds: [1, 1]\nexperiments: {}\n", "seeds: must be distinct"),
+        ("experiments: {a: {}}\nextra: {a: {}}\n", "extra: ['a'] also in experiments"),
+        ("experiments: {a: {seeds: [1]}}\n", "experiments.a.seeds: a preset's seeds are the file's"),
+        ("experiments: {a: {init: base}}\nlearning_curve: {experiment: z}\n", "learning_curve.experiment: 'z' is not"),
+    ]:
+        f.write_text(text)
+        with pytest.raises(ParamsError, match=re.escape(needle)):
+            with_presets(load_params(ROOT / "params.yaml"), f)
+    bad = tmp_path / "params.yaml"
+    bad.write_text("experiments: {grpo: {seeds: [0, 1], overrides: {env: {one_shot: false}}}}\n")
+    with pytest.raises(ParamsError, match="experiments.grpo.seeds: set by a presets file"):
+        load_params(bad)
+
+
+def test_set_changes_one_experiment_and_names_a_bad_key() -> None:
+    from agent_r1.config import experiment_params, with_sets
+
+    params = load_params(ROOT / "params.yaml")
+    changed = with_sets(params, "grpo", ["train.seed=2", "algorithm.kl_coef=0.01", "env.context.keep_last=null"])
+    p = experiment_params(changed, "grpo")
+    assert (p.train.seed, p.algorithm.kl_coef, p.env.one_shot) == (2, 0.01, False)  # its own overrides kept
+    assert experiment_params(params, "grpo").train.seed == 0  # the original is untouched
+    for item, needle in [("train.stepz=1", "train.stepz: unknown key"), ("train.steps=-1", "train.steps: must be >= 0"),
+                         ("train.steps", "expected KEY=VALUE"), ("experiments.x=1", "not the experiments")]:
+        with pytest.raises(ParamsError, match=re.escape(needle)):
+            with_sets(params, "grpo", [item])
 
 
 def test_presets_file_errors_name_the_file(tmp_path: Path) -> None:
@@ -149,7 +196,7 @@ def test_presets_file_errors_name_the_file(tmp_path: Path) -> None:
     with pytest.raises(ParamsError, match=r"presets.yaml(.|\n)*experiments.x.overrides.algorithm.name: unknown advantage estimator 'a2c'"):
         with_presets(load_params(ROOT / "params.yaml"), bad)
     bad.write_text("train: {steps: 3}\n")
-    with pytest.raises(ParamsError, match="holds exactly one key, `experiments`"):
+    with pytest.raises(ParamsError, match=r"presets.yaml(.|\n)*experiments: required key is missing(.|\n)*train: unknown key"):
         with_presets(load_params(ROOT / "params.yaml"), bad)
 
 

@@ -237,5 +237,54 @@ def test_report_compares_methods_question_by_question(tmp_path: Path) -> None:
                         experiments=experiments, outcomes=outcomes)
     section = text.split("## Paired comparisons")[1]
     # grpo vs warm start: 12 questions only grpo got, none only sft: p = 2 / 2^12, resolved
-    assert "| grpo | SFT warm start (no RL) | 20 / 0 | +0.600 [+0.380, +0.820] (12/0) | **0.000488** | – | – |" in section
-    assert "| grpo-no-loss-mask | grpo | 20 / 0 | -0.050 [-0.148, +0.048] (0/1) | 1 | – | – |" in section
+    assert "| grpo | SFT warm start (no RL) | 1 / 1 | 20 / 0 | +0.600 [+0.380, +0.820] (12/0) | **0.000488** | – | – |" in section
+    assert "| grpo-no-loss-mask | grpo | 1 / 1 | 20 / 0 | -0.050 [-0.148, +0.048] (0/1) | 1 | – | – |" in section
+
+
+def test_sign_flip_test_is_exact_and_pairs_several_seeds() -> None:
+    from agent_r1.evaluation.paired import mcnemar_p, paired_runs, sign_flip_p
+
+    # one run each: the sign-flip test is McNemar's exact test
+    for w, l in [(3, 0), (7, 2), (5, 5), (10, 1)]:
+        assert sign_flip_p([1] * w + [-1] * l + [0] * 4) == pytest.approx(mcnemar_p(w, l))
+    # by hand: x = (2, 1); of the 4 sign patterns, sums 3, 1, -1, -3: |sum| >= 3 in 2 of them
+    assert sign_flip_p([2, 1]) == pytest.approx(0.5) and sign_flip_p([2, -1]) == pytest.approx(1.0)
+
+    def run(right: set[int]) -> list[dict]:
+        return [{"id": f"q{i}", "source": "s", "em": float(i in right)} for i in range(4)]
+
+    # A: 3 seeds, B: 1 run. Per question A's mean EM: q0 1, q1 2/3, q2 0, q3 1/3; B: q0 1, q1 0, q2 0, q3 1
+    a, b = [run({0, 1}), run({0, 1, 3}), run({0})], [run({0, 3})]
+    p = paired_runs(a, b)
+    d = [0, 2 / 3, 0, -2 / 3]
+    assert (p.n, p.wins, p.losses) == (4, 1, 1) and p.delta == pytest.approx(sum(d) / 4)
+    assert p.p == pytest.approx(1.0)  # scaled differences (0, 2, 0, -2): every sign pattern is as extreme
+    assert paired_runs([run({0, 1, 2, 3})] * 2, [run(set())]).p == pytest.approx(2 / 16)
+
+
+def test_report_of_seeded_runs_shows_their_mean_and_spread(tmp_path: Path) -> None:
+    from agent_r1.config import ExperimentConfig
+    from agent_r1.evaluation.report import load_outcomes
+    from agent_r1.paths import seeded
+
+    eval_dir, out_dir = tmp_path / "eval", tmp_path / "outcomes"
+    eval_dir.mkdir(), out_dir.mkdir()
+
+    def write(stem: str, right: range) -> None:
+        rows = [{"id": f"q{i}", "source": "synthetic", "type": "bridge", "em": float(i in right), "f1": 0.0}
+                for i in range(20)]
+        (eval_dir / f"{stem}.json").write_text(json.dumps(aggregate(rows, stem)))
+        (out_dir / f"{stem}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+    write("sft", range(2))
+    for k, n in [(0, 10), (1, 12), (2, 14)]:
+        write(seeded("grpo", k), range(n))
+    write(seeded("grpo", 7), range(20))  # a seed the presets no longer run: not read
+    experiments = {"grpo": ExperimentConfig(seeds=[0, 1, 2])}
+    outcomes = load_outcomes(out_dir, ["sft", "grpo"], seeds={"grpo": [0, 1, 2]})
+    assert [len(outcomes["grpo"]), len(outcomes["sft"])] == [3, 1]
+    text = write_report(eval_dir, ["synthetic"], tmp_path / "r.md", tmp_path / "r.png",
+                        experiments=experiments, outcomes=outcomes)
+    row = next(line for line in text.splitlines() if line.startswith("| grpo | 0.6000"))
+    assert row.endswith("| 0.1000 (3 seeds) |")  # mean of 0.5, 0.6, 0.7; their sd is 0.1
+    assert "| grpo | SFT warm start (no RL) | 3 / 1 | 20 / 0 | +0.500" in text

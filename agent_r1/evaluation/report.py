@@ -16,8 +16,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from agent_r1.evaluation.paired import describe, paired_em
+from agent_r1.evaluation.paired import describe, paired_runs
+from agent_r1.evaluation.runs import load_metrics, load_outcome_runs, spread
 from agent_r1.io import atomic_path, write_text
+from agent_r1.paths import split_seeded
 
 log = logging.getLogger(__name__)
 
@@ -25,12 +27,18 @@ DISPLAY = {"naive_rag": "Naive RAG", "base_tool_call": "Base Tool Call", "sft": 
 # With sft.enabled false the "sft" row is the base model evaluated the way RL starts from it.
 NO_WARM_START_LABEL = "Base model, RL prompt (no warm start, no RL)"
 BASELINE_ORDER = ("naive_rag", "base_tool_call", "sft")
+# A paired difference counts as resolved below this p (one table tests dozens of pairs: 0.05 would
+# call about one in twenty ties a difference).
+RESOLVED_P = 0.01
 # Agent-R1 Table 3, average EM of the rows that are not presets (Qwen2.5-3B-Instruct).
 PAPER_BASELINE_EM = {"naive_rag": 0.1328, "base_tool_call": 0.0847}
 
 
 def load_results(
-    eval_dir: Path, baseline_dir: Path | None = None, experiments: tuple[str, ...] | None = None
+    eval_dir: Path,
+    baseline_dir: Path | None = None,
+    experiments: tuple[str, ...] | None = None,
+    seeds: dict[str, list[int]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """``{method: metrics}``: baselines and the warm start first, then ``experiments`` in
     their order (a presets file's: algorithms, then their ablations).
@@ -38,29 +46,31 @@ def load_results(
     ``experiments`` is the params' list: a ``<name>.json`` left behind by an experiment
     that was removed or renamed is skipped (with a warning), so a report never shows a
     run the params no longer describe. ``None`` takes every file, by name.
+    ``seeds`` (a presets file's, per experiment) reads ``<name>.seed<k>.json`` for each k
+    and makes the row their mean (:mod:`agent_r1.evaluation.runs`).
     With ``baseline_dir`` (a presets report), the baselines and the warm start come from
     there and only the experiments from ``eval_dir``.
     """
-    results = {p.stem: json.loads(p.read_text()) for p in sorted(eval_dir.glob("*.json"))}
-    if baseline_dir is not None and baseline_dir.resolve() != eval_dir.resolve():
-        shared = {m: baseline_dir / f"{m}.json" for m in BASELINE_ORDER}
-        results.update({m: json.loads(f.read_text()) for m, f in shared.items() if f.exists()})
-    order = [m for m in BASELINE_ORDER if m in results]
-    if experiments is None:
-        order += sorted(set(results) - set(order))
-    else:
-        order += [m for m in experiments if m in results and m not in order]
-        for stale in sorted(set(results) - set(order)):
-            log.warning("%s: no experiment %r in params, left out of the report", eval_dir / f"{stale}.json", stale)
+    seeds = seeds or {}
+    found = sorted({split_seeded(p.stem)[0] for p in eval_dir.glob("*.json")})
+    wanted = found if experiments is None else list(experiments)
+    results = {m: r for m in wanted if (r := load_metrics(eval_dir, m, seeds.get(m))) is not None}
+    base = baseline_dir if baseline_dir is not None else eval_dir
+    shared = {m: load_metrics(base, m) for m in BASELINE_ORDER}
+    results.update({m: r for m, r in shared.items() if r is not None})
+    order = [m for m in BASELINE_ORDER if m in results] + [m for m in wanted if m in results and m not in BASELINE_ORDER]
+    for stale in sorted(set(found) - set(order) - set(BASELINE_ORDER)):
+        log.warning("%s: no experiment %r in params, left out of the report", eval_dir / f"{stale}.json", stale)
     return {m: results[m] for m in order}
 
 
 def results_rows(
-    eval_dir: Path, baseline_dir: Path | None = None, experiments: tuple[str, ...] | None = None
+    eval_dir: Path, baseline_dir: Path | None = None, experiments: tuple[str, ...] | None = None,
+    seeds: dict[str, list[int]] | None = None,
 ) -> list[dict[str, Any]]:
-    """One flat row per method (EM and F1, overall and per source): the flow's table artifact."""
+    """One flat row per method (EM and F1, overall and per source; means over seeds): the flow's table artifact."""
     rows = []
-    for method, r in load_results(eval_dir, baseline_dir, experiments).items() if eval_dir.is_dir() else ():
+    for method, r in load_results(eval_dir, baseline_dir, experiments, seeds).items() if eval_dir.is_dir() else ():
         row: dict[str, Any] = {"method": method, "n": r["n"], "em": r["em"], "f1": r["f1"]}
         for source, by in sorted(r.get("by_source", {}).items()):
             row[f"em_{source}"] = by["em"]
@@ -106,13 +116,14 @@ def results_table(
     labels: dict[str, str] | None = None,
     paper_em: dict[str, float] | None = None,
 ) -> tuple[list[str], list[list[str]]]:
-    """Rows of ``method | source... | in-domain avg | out-of-domain avg | avg [| SE] [| paper avg]``
-    (the SE of the average for EM, see :func:`average_se`)."""
+    """Rows of ``method | source... | in-domain avg | out-of-domain avg | avg [| SE [| sd over seeds]] [| paper avg]``
+    (for EM the SE of the average, see :func:`average_se`, and when a row has several runs their spread)."""
     labels = {**DISPLAY, **(labels or {})}
     sources = sorted({s for r in results.values() for s in r["by_source"]}, key=lambda s: (s not in in_domain, s))
     header = ["Method", *sources, "In-domain avg", "Out-of-domain avg", "Avg"]
+    seeded = metric == "em" and any(r.get("seeds", 1) > 1 for r in results.values())
     if metric == "em":
-        header.append("± SE")
+        header += ["± SE", "sd over seeds"] if seeded else ["± SE"]
     if paper_em:
         header.append("Paper avg (Qwen2.5-3B)")
     rows = []
@@ -124,7 +135,7 @@ def results_table(
         avgs = [f"{v:.4f}" if v is not None else "–" for v in (ind, ood, _avg(list(per.values())))]
         row = [labels.get(method, method), *cells, *avgs]
         if metric == "em":
-            row.append(f"{average_se(r):.4f}")
+            row += [f"{average_se(r):.4f}", spread(r)] if seeded else [f"{average_se(r):.4f}"]
         if paper_em:
             row.append(f"{paper_em[method]:.4f}" if method in paper_em else "–")
         rows.append(row)
@@ -235,7 +246,7 @@ def bar_chart(
 CURVES = (
     ("train/reward", "training reward (mean per trajectory)"),
     ("train/answer_rate", "answer rate (training rollouts)"),
-    ("eval/em", "held-out EM (greedy)"),
+    ("eval/em", "validation EM (greedy, in-training evals)"),
 )
 
 
@@ -252,8 +263,16 @@ def read_curve(tsv: Path) -> tuple[list[int], list[float]]:
     return steps, values
 
 
+def mean_curve(tsvs: list[Path]) -> tuple[list[int], list[float]]:
+    """Several runs' curves of one metric as their mean at the steps all of them logged."""
+    curves = [dict(zip(*read_curve(t))) for t in tsvs]
+    steps = sorted(set.intersection(*(set(c) for c in curves)))
+    return steps, [sum(c[s] for c in curves) / len(curves) for s in steps]
+
+
 def training_curves(live_dir: Path, out_png: Path, names: tuple[str, ...] | None = None) -> list[str]:
-    """One panel per metric of CURVES, one line per experiment (dvclive/<experiment>/).
+    """One panel per metric of CURVES, one line per experiment (dvclive/<experiment>/; the mean
+    over its seeds for a presets file's dvclive/<experiment>.seed<k>/).
 
     ``names`` (the params' experiments) leaves out the history of a removed or renamed
     experiment; ``None`` plots every folder."""
@@ -263,17 +282,21 @@ def training_curves(live_dir: Path, out_png: Path, names: tuple[str, ...] | None
     import matplotlib.pyplot as plt
 
     found = sorted(p for p in live_dir.glob("*") if (p / "plots" / "metrics").is_dir()) if live_dir.is_dir() else []
-    experiments = [p for p in found if names is None or p.name in names]
-    for stale in sorted({p.name for p in found} - {p.name for p in experiments}):
+    runs: dict[str, list[Path]] = {}
+    for p in found:
+        runs.setdefault(split_seeded(p.name)[0], []).append(p)
+    experiments = [n for n in runs if names is None or n in names]
+    for stale in sorted(set(runs) - set(experiments) - {"curve"}):
         log.warning("%s: no experiment %r in params, left out of the curves", live_dir / stale, stale)
     fig, axes = plt.subplots(1, len(CURVES), figsize=(5 * len(CURVES) + 2.5, 3.6))  # + the legend
     colors = series_colors(len(experiments))
     for ax, (metric, title) in zip(axes, CURVES):
         for exp, color in zip(experiments, colors):
-            tsv = exp / "plots" / "metrics" / f"{metric}.tsv"
-            if tsv.exists():
-                steps, values = read_curve(tsv)
-                ax.plot([s + 1 for s in steps], values, marker="o", markersize=3, label=exp.name, color=color)
+            tsvs = [t for d in runs[exp] if (t := d / "plots" / "metrics" / f"{metric}.tsv").exists()]
+            if tsvs:
+                steps, values = mean_curve(tsvs)
+                label = exp if len(tsvs) == 1 else f"{exp} (mean of {len(tsvs)})"
+                ax.plot([s + 1 for s in steps], values, marker="o", markersize=3, label=label, color=color)
         ax.set_title(title)
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)
@@ -283,7 +306,35 @@ def training_curves(live_dir: Path, out_png: Path, names: tuple[str, ...] | None
     with atomic_path(out_png) as tmp:
         fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
-    return [e.name for e in experiments]
+    return experiments
+
+
+def learning_curve(live: Path, out_png: Path) -> list[str]:
+    """One long run's curves (``live``: its dvclive folder): training reward and validation EM by
+    RL step, and the report's lines on it. The presets' step budget is chosen on this plot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = (("train/reward", "training reward (mean per trajectory)"), ("eval/em", "validation EM (greedy)"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(11, 3.6))
+    lines = []
+    for ax, (metric, title) in zip(axes, panels):
+        tsv = live / "plots" / "metrics" / f"{metric}.tsv"
+        if tsv.exists():
+            steps, values = read_curve(tsv)
+            ax.plot([s + 1 for s in steps], values, marker="o", markersize=3)
+            if metric == "eval/em":
+                lines = [f"step {s + 1}: validation EM {v:.3f}" for s, v in zip(steps, values)]
+        ax.set_title(title)
+        ax.set_xlabel("RL step")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    with atomic_path(out_png) as tmp:
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return lines
 
 
 def behaviour_table(results: dict[str, dict], names: dict[str, str]) -> str:
@@ -298,16 +349,17 @@ def behaviour_table(results: dict[str, dict], names: dict[str, str]) -> str:
 
 
 def load_outcomes(
-    outcomes_dir: Path, methods: list[str], baseline_dir: Path | None = None
-) -> dict[str, list[dict[str, Any]]]:
-    """``{method: per-question rows}`` of ``methods`` that have an ``<method>.jsonl`` (the baselines and
-    the warm start from ``baseline_dir`` when given)."""
+    outcomes_dir: Path, methods: list[str], baseline_dir: Path | None = None,
+    seeds: dict[str, list[int]] | None = None,
+) -> dict[str, list[list[dict[str, Any]]]]:
+    """``{method: runs}``, each run a list of per-question rows, for the ``methods`` that have any
+    (``<method>.jsonl``, or ``<method>.seed<k>.jsonl`` for each seed in ``seeds``; the baselines
+    and the warm start from ``baseline_dir`` when given)."""
     out = {}
     for m in methods:
         folder = baseline_dir if baseline_dir is not None and m in BASELINE_ORDER else outcomes_dir
-        f = folder / f"{m}.jsonl"
-        if f.exists():
-            out[m] = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+        if runs := load_outcome_runs(folder, m, (seeds or {}).get(m)):
+            out[m] = runs
     return out
 
 
@@ -321,24 +373,28 @@ def comparisons(methods: list[str], ablation_of: dict[str, str]) -> list[tuple[s
 
 
 def paired_section(
-    outcomes: dict[str, list[dict[str, Any]]], in_domain: list[str], ablation_of: dict[str, str], names: dict[str, str]
+    outcomes: dict[str, list[list[dict[str, Any]]]], in_domain: list[str], ablation_of: dict[str, str],
+    names: dict[str, str],
 ) -> list[str]:
     """Each comparison question by question (:mod:`agent_r1.evaluation.paired`), in- and out-of-domain."""
-    sources = {r["source"] for rows in outcomes.values() for r in rows}
+    sources = {r["source"] for runs in outcomes.values() for rows in runs for r in rows}
     parts = (set(in_domain), sources - set(in_domain))
-    header = ["A", "B", "n in / out", "Δ EM in-domain [95% CI] (A only/B only)", "p", "Δ EM out-of-domain", "p"]
+    header = ["A", "B", "runs A / B", "n in / out", "Δ EM in-domain [95% CI] (A only/B only)", "p", "Δ EM out-of-domain", "p"]
     rows = []
     for a, b in comparisons(list(outcomes), ablation_of):
-        pairs = [paired_em(outcomes[a], outcomes[b], part) for part in parts]
+        pairs = [paired_runs(outcomes[a], outcomes[b], part) for part in parts]
         cells = [c for p in pairs for c in describe(p)]
-        cells[1::2] = [f"**{c}**" if c != "–" and float(c) < 0.05 else c for c in cells[1::2]]
+        cells[1::2] = [f"**{c}**" if c != "–" and float(c) < RESOLVED_P else c for c in cells[1::2]]
         n = " / ".join(str(p.n) if p else "0" for p in pairs)
-        rows.append([names.get(a, a), names.get(b, b), n, *cells])
+        runs = f"{len(outcomes[a])} / {len(outcomes[b])}"
+        rows.append([names.get(a, a), names.get(b, b), runs, n, *cells])
     return ["## Paired comparisons",
-            "A − B on the same questions: Δ = the mean EM difference with its 95% CI; in brackets, how many "
-            "questions only A and only B answered right; p = the exact two-sided McNemar test (bold: "
-            "p < 0.05, the difference is resolved; otherwise these questions do not tell A and B apart). "
-            "One training seed per run: the spread across seeds is not in these intervals.",
+            "A − B on the same questions, each method's EM on a question averaged over its runs (training "
+            "seeds): Δ = the mean difference with its 95% CI; in brackets, on how many questions A and B did "
+            "better; p = the exact two-sided sign-flip test over questions (with one run each, McNemar's "
+            "exact test). Bold: p < 0.01, the difference is resolved; otherwise these questions do not tell "
+            "A and B apart. The unit is the question: how far a row moves between training seeds is its "
+            "`sd over seeds` in the EM table, not part of these intervals.",
             markdown_table(header, rows)] if rows else []
 
 
@@ -371,13 +427,14 @@ def write_report(
     experiments: dict[str, Any] | None = None,
     ablation_png: Path | None = None,
     warm_start: bool = True,
-    outcomes: dict[str, list[dict[str, Any]]] | None = None,
+    outcomes: dict[str, list[list[dict[str, Any]]]] | None = None,
 ) -> str:
     """Write ``out_md`` (and its charts); ``experiments`` (name -> ExperimentConfig) picks the
     trained rows (``None``: every file in ``eval_dir``) and adds their labels, the paper's numbers and, for ablations, the Table-4 section.
     ``warm_start`` false (sft.enabled false) relabels the "sft" row: no SFT happened.
     ``outcomes`` (method -> per-question rows, :func:`load_outcomes`) adds the paired comparisons."""
-    results = load_results(eval_dir, baseline_dir, None if experiments is None else tuple(experiments))
+    seeds = {name: e.seeds for name, e in (experiments or {}).items() if e.seeds}
+    results = load_results(eval_dir, baseline_dir, None if experiments is None else tuple(experiments), seeds)
     experiments = experiments or {}
     if not results:
         raise FileNotFoundError(f"no metrics in {eval_dir}: run the baselines/evaluate stages first")
@@ -401,8 +458,9 @@ def write_report(
             f"Every number comes from {sources}.",
             "## Exact match",
             markdown_table(em_header, em_rows),
-            "± SE: the binomial standard error of Avg, sqrt(Σ p(1−p)/n) / k over the k sources. "
-            "Two rows closer than about two SEs are not told apart by this many questions.",
+            "A row trained with several seeds is the mean of its runs. ± SE: the binomial standard error "
+            "of Avg, sqrt(Σ p(1−p)/n) / k over the k sources: rows closer than about two SEs are not told "
+            "apart by this many questions. sd over seeds: how far Avg moves between training seeds.",
             f"![EM by source]({out_png.name})",
             *ablations,
             *paired_section({m: outcomes[m] for m in results if m in (outcomes or {})}, in_domain, ablation_of, names),

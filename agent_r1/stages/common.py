@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from agent_r1.config import Params, ParamsError, load_params, plugin_problems, with_presets
+from agent_r1.config import Params, ParamsError, load_params, plugin_problems, with_presets, with_sets
 from agent_r1.data.schema import SchemaError
 from agent_r1.io import clean_scratch
 
@@ -42,6 +42,10 @@ def stage_parser(
     )
     if experiment_arg:
         parser.add_argument("--experiment", required=True, help="a key of `experiments` in params.yaml")
+        parser.add_argument(
+            "--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+            help="change one param of this experiment, last (train.seed=1; VALUE is YAML); repeatable",
+        )
     # the deepspeed launcher passes each rank --local_rank (train.num_procs > 1); LOCAL_RANK says the same
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
     return parser, add_path_arguments(parser, body)
@@ -84,6 +88,8 @@ def _checked_params(args: argparse.Namespace, experiment_arg: bool, extra_experi
             params = with_presets(params, args.presets)
         if experiment_arg and args.experiment not in (*params.experiments, *extra_experiments):
             raise ParamsError(args.presets or args.params, [f"experiments.{args.experiment}: no such experiment"])
+        if experiment_arg and args.sets:
+            params = with_sets(params, args.experiment, args.sets)
         if problems := plugin_problems(params):
             raise ParamsError(args.params, problems)
     except ParamsError as exc:

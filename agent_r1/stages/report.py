@@ -26,9 +26,12 @@ def report(
     ablations: Path = paths.ABLATIONS_PNG,
     outcomes: Path = paths.OUTCOMES_DIR,
     baseline_outcomes: Path | None = None,
+    curve_live: Path | None = None,
+    curve_png: Path | None = None,
 ) -> None:
     """The results of ``eval_dir`` (the baselines and the warm start from ``baselines`` when
-    given: the paper presets' report reads them from the default pipeline's metrics/eval)."""
+    given: the paper presets' report reads them from the default pipeline's metrics/eval);
+    with ``curve_live`` (a long run's dvclive folder), its learning curve as ``curve_png``."""
     from agent_r1.data.schema import read_questions
     from agent_r1.evaluation.report import BASELINE_ORDER, load_outcomes, training_curves, write_report
 
@@ -43,16 +46,30 @@ def report(
             f"Experiments: {', '.join(shown)}. Per-step values live in `dvclive/<experiment>/`; "
             "compare runs with `dvc plots diff`.",
         )
+    if curve_live is not None and curve_png is not None:
+        extra = (*learning_curve_section(curve_live, curve_png), *extra)
     methods = [*BASELINE_ORDER, *params.experiments]
+    seeds = {name: e.seeds for name, e in params.experiments.items() if e.seeds}
     text = write_report(
         eval_dir, in_domain, out, chart, extra,
         baseline_dir=baselines,
         experiments=params.experiments,
         ablation_png=ablations,
         warm_start=params.sft.enabled,
-        outcomes=load_outcomes(outcomes, methods, baseline_outcomes),
+        outcomes=load_outcomes(outcomes, methods, baseline_outcomes, seeds),
     )
     print(text)
+
+
+def learning_curve_section(live: Path, png: Path) -> tuple[str, ...]:
+    """The report's learning-curve section: the plot and its validation EMs."""
+    from agent_r1.evaluation.report import learning_curve
+
+    lines = learning_curve(live, png)
+    return ("## Learning curve (validation split)", f"![learning curve]({png.name})",
+            "One long run of the curve's preset from the warm start, scored on the validation split (never "
+            "the test split); the presets' step budget (`overrides.train.steps`) is chosen on it.",
+            "\n".join(f"- {line}" for line in lines) or "(no validation evals logged yet)")
 
 
 if __name__ == "__main__":

@@ -233,6 +233,12 @@ def step_questions(questions: list[dict], n: int, step: int, seed: int) -> list[
     return rng.sample(questions, min(n, len(questions)))
 
 
+def rollout_seed(params: Params, step: int, rank: int) -> int:
+    """The sampling seed of a step's rollouts on ``rank``: a training seed (``train.seed``) changes
+    what is sampled as well as which questions, so runs of several seeds differ in both."""
+    return (params.rollout.seed + 7919 * step + rank + 1_000_003 * params.train.seed) % 2**32
+
+
 def shard(records: list[dict], rank: int, world: int) -> list[dict]:
     """Whole questions (so whole groups) per rank."""
     return records[rank::world]
@@ -664,7 +670,7 @@ def train_step(
     cfg = params.train
     t_step = time.monotonic()
     records = shard(step_questions(questions, cfg.questions_per_step, step, cfg.seed), rank, world)
-    rollout_cfg = params.rollout.model_copy(update={"seed": params.rollout.seed + 7919 * step + rank})
+    rollout_cfg = params.rollout.model_copy(update={"seed": rollout_seed(params, step, rank)})
     t0 = time.monotonic()
     batch = rollout.play(records, rollout_cfg)
     metrics = rollout_metrics(batch)
