@@ -8,7 +8,7 @@ PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: run paper test test-slow venv bench bench-trl lock clean-venv
+.PHONY: run paper paper-plan test test-slow venv bench bench-trl lock clean-venv
 
 $(STAMP): pyproject.toml requirements.lock requirements-vllm.lock
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -22,8 +22,11 @@ venv: $(STAMP)
 run: $(STAMP)  ## the default pipeline as a Prefect flow over the DVC stages
 	$(PY) -m flows.pipeline
 
-paper: $(STAMP)  ## the default pipeline, then every preset of paper/presets.yaml (Tables 3 and 4)
+paper: $(STAMP)  ## the default pipeline, then every preset of paper/presets.yaml (Tables 3 and 4); prints its plan first
 	$(PY) -m flows.pipeline --paper
+
+paper-plan: $(STAMP)  ## what `make paper` would run and its estimated time (from the runs measured so far); runs nothing
+	$(PY) -m flows.pipeline --paper --plan
 
 test: $(STAMP)  ## fast tests (CI: at most 15 min on 2 cores; --durations shows where it goes); Hypothesis derandomised
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PY) -m pytest --durations=25

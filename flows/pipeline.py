@@ -3,6 +3,7 @@
     python -m flows.pipeline                 # every stage (cached ones are skipped by DVC)
     python -m flows.pipeline index --force   # one stage, forced
     python -m flows.pipeline --paper         # then every preset of paper/presets.yaml (`make paper`)
+    python -m flows.pipeline --paper --plan  # only print what --paper would run, and its estimated time
 
 One flow at a time per repository: a second one fails at once, naming the
 running one (flows/run_lock.py). Each stage runs supervised: killing the flow,
@@ -19,6 +20,7 @@ from prefect import Task, flow
 from prefect.tasks import exponential_backoff
 
 from agent_r1.config import load_params, with_presets
+from flows.plan import describe, paper_plan
 from flows.run_lock import cli_lock, exclusive_run, flow_run_name
 from tasks.dvc_stage import StageRun, dvc_command, publish_metrics, publish_reports, run_dvc_stage
 
@@ -71,6 +73,8 @@ def pipeline(
         unknown = sorted(set(stages) - set(known))
         if unknown:
             raise ValueError(f"unknown stage(s) {unknown}; known stages: {known}")
+        if paper:  # hours of training: say what is about to run before it starts
+            print(describe(paper_plan(Path(repo))), flush=True)
         runs = [stage_task(stage)(stage, repo=repo, force=force) for stage in stages]
         publish_metrics(repo=repo, runs=runs)
         publish_reports(repo=repo)
@@ -85,7 +89,11 @@ def main() -> None:
     parser.add_argument("--force", action="store_true", help="re-run even if DVC says up to date")
     parser.add_argument("--repo", default=".")
     parser.add_argument("--paper", action="store_true", help=f"also run {PAPER_DVCFILE} (the paper's presets)")
+    parser.add_argument("--plan", action="store_true", help=f"print what {PAPER_DVCFILE} would run, and how long; run nothing")
     args = parser.parse_args()
+    if args.plan:
+        print(describe(paper_plan(Path(args.repo))))
+        return
     with cli_lock(args.repo):  # before Prefect starts: a second `make run` fails at once
         pipeline(targets=args.targets or None, force=args.force, repo=args.repo, paper=args.paper)
 

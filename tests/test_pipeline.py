@@ -125,7 +125,7 @@ def test_flow_runs_every_stage_then_reports_all_cached(repo: Path, prefect_harne
     assert (repo / "dvclive/grpo/plots/metrics/train/reward.tsv").exists()
     report = (repo / "reports/results.md").read_text()
     assert "| Naive RAG |" in report and "| grpo |" in report
-    assert "| grpo | SFT warm start (no RL) | 3 / 3 |" in report.split("## Paired comparisons")[1]
+    assert "| grpo | SFT warm start (no RL) | 1 / 1 | 3 / 3 |" in report.split("## Paired comparisons")[1]
     assert (repo / "reports/results.png").exists() and (repo / "reports/training.png").exists()
 
     second = pipeline(repo=str(repo))
@@ -170,6 +170,26 @@ def test_dvc_repro_is_noop_then_top_k_reruns_only_index(repo: Path) -> None:
     assert metrics_diff["metrics/retrieval.json"]["top_k"] == {"old": 3, "new": 1, "diff": -2}
 
 
+def test_a_clone_pulls_the_results_from_a_dvc_remote_and_finds_them_up_to_date(repo: Path, tmp_path: Path) -> None:
+    """Results travel through a DVC remote (here a local folder; README, "Sharing results"):
+    a fresh clone that pulls needs to rebuild nothing, though the checkpoints stayed behind."""
+    if not (repo / "dvc.lock").exists():
+        dvc(repo, "repro")
+    store, clone = tmp_path / "store", tmp_path / "clone"
+    dvc(repo, "remote", "add", "-d", "store", str(store))
+    sh(["git", "add", "-A"], repo)
+    sh(["git", "commit", "-qm", "results and their remote", "--allow-empty"], repo)
+    dvc(repo, "push")
+    sh(["git", "clone", "-q", str(repo), str(clone)], tmp_path)
+    assert "deleted" in dvc(clone, "status").stdout  # nothing pulled yet: DVC would rebuild
+    dvc(clone, "pull")
+    assert (clone / "models/trained/grpo/model.safetensors").exists() and not (clone / "checkpoints").exists()
+    assert "up to date" in dvc(clone, "status").stdout
+    assert "Running stage" not in dvc(clone, "repro", "--dry").stdout
+    dvc(repo, "remote", "remove", "store")
+    sh(["git", "commit", "-qam", "no remote"], repo)
+
+
 def test_bad_params_fail_the_stage_naming_the_key(repo: Path) -> None:
     original = (repo / "params.yaml").read_text()
     try:
@@ -188,6 +208,10 @@ def test_bad_params_fail_the_stage_naming_the_key(repo: Path) -> None:
 
 
 TINY_PRESETS = {
+    "seeds": [0],
+    "overrides": {},
+    "learning_curve": {"experiment": "grpo", "steps": 2, "eval_every": 1, "eval_questions": 2},
+    "extra": {},
     "experiments": {
         "grpo": {"label": "GRPO", "overrides": {"env": {"one_shot": False}}, "paper_em": 0.3877},
         "grpo-no-loss-mask": {
@@ -197,7 +221,8 @@ TINY_PRESETS = {
         },
     }
 }
-PAPER_STAGES = ["paper/dvc.yaml:run@grpo", "paper/dvc.yaml:run@grpo-no-loss-mask", "paper/dvc.yaml:report"]
+PAPER_STAGES = ["paper/dvc.yaml:curve", "paper/dvc.yaml:run@grpo-0", "paper/dvc.yaml:run@grpo-no-loss-mask-0",
+                "paper/dvc.yaml:report"]
 
 
 def _artifacts() -> dict[str, list]:
@@ -255,17 +280,21 @@ def test_paper_presets_run_apart_from_the_default_pipeline(repo: Path, prefect_h
 
     runs = pipeline(repo=str(repo), paper=True)
     assert [r.stage for r in runs if r.ran] == PAPER_STAGES  # the default stages were all cached
-    for name in ("grpo", "grpo-no-loss-mask"):
+    for name in ("grpo.seed0", "grpo-no-loss-mask.seed0"):
         assert json.loads((repo / f"paper/metrics/eval/{name}.json").read_text())["n"] == 6
+        assert (repo / f"paper/outcomes/{name}.jsonl").exists()
         assert (repo / f"paper/dvclive/{name}/plots/metrics/eval/em.tsv").exists()
+    curve = (repo / "paper/dvclive/curve/plots/metrics/eval/em.tsv").read_text().splitlines()
+    assert len(curve) == 1 + 2  # a validation eval at each of the 2 steps
     report = (repo / "paper/reports/results.md").read_text()
     assert "| SFT warm start (no RL) |" in report and "| GRPO |" in report and "0.3877 |" in report
     assert "## Ablations (Table 4 shape)" in report and "| GRPO w/o loss mask | GRPO |" in report and "-0.0155 |" in report
-    for png in ("results", "training", "ablations"):
+    assert "## Learning curve (validation split)" in report and "- step 2: validation EM" in report
+    for png in ("results", "training", "ablations", "learning_curve"):
         assert (repo / f"paper/reports/{png}.png").read_bytes()[:4] == b"\x89PNG"
     artifacts = _artifacts()
     assert {"paper-report", "paper-report-results", "report", "report-results"} <= set(artifacts)
-    progress = artifacts["progress-run-grpo-no-loss-mask"]
+    progress = artifacts["progress-run-grpo-no-loss-mask-0"]
     assert progress[-1].data == 100.0
 
     # running it again does nothing (the default stages' cached runs are the flow test's business)
@@ -283,7 +312,7 @@ def test_paper_presets_run_apart_from_the_default_pipeline(repo: Path, prefect_h
     (repo / "paper/presets.yaml").write_text(yaml.safe_dump(presets, sort_keys=False))
     plan = dvc(repo, "repro", "--dry", "paper/dvc.yaml").stdout
     planned = [line for line in plan.splitlines() if line.startswith("Running stage")]
-    assert planned == ["Running stage 'paper/dvc.yaml:run@grpo':", "Running stage 'paper/dvc.yaml:report':"]
+    assert planned == ["Running stage 'paper/dvc.yaml:run@grpo-0':", "Running stage 'paper/dvc.yaml:report':"]
     sh(["git", "checkout", "paper/presets.yaml"], repo)
     # what git holds is enough: without the trained policies and checkpoints (a fresh clone
     # after the default pipeline), the presets already run are up to date

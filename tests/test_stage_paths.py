@@ -13,8 +13,8 @@ import yaml
 from agent_r1.stages.common import stage_parser
 
 ROOT = Path(__file__).resolve().parents[1]
-# Written but deliberately undeclared (paper/dvc.yaml's header says why): a preset's trained policy and checkpoints.
-BY_PRODUCTS = {"paper/dvc.yaml": ("paper/models/trained", "paper/models/curve", "paper/checkpoints")}
+# Written but deliberately undeclared (the dvc.yaml files say why): checkpoints, and a preset's trained policy.
+BY_PRODUCTS = {"paper/dvc.yaml": ("paper/models/trained", "paper/models/curve", "paper/checkpoints"), "dvc.yaml": ("checkpoints",)}
 
 
 def _declared(stage: dict) -> tuple[set[str], set[str]]:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 from agent_r1 import paths
@@ -45,8 +46,9 @@ def evaluate(
     location = paths.index_location(p.retrieval.index, indexes)
     check_index(location)
     records = select_questions(read_questions(test_questions), p.eval.questions_per_source, p.eval.seed)
+    started = time.monotonic()
     infos = play_policy(model, load_index(location), records, p, experiment)
-    result = aggregate(infos, experiment)
+    result = {**aggregate(infos, experiment), "seconds": round(time.monotonic() - started, 1)}
     write_json(metrics or paths.EVAL_METRICS_DIR / f"{experiment}.json", result)
     write_outcomes(outcomes or paths.OUTCOMES_DIR / f"{experiment}.jsonl", infos)
     log.info("%s: EM %.4f F1 %.4f answer rate %.3f", experiment, result["em"], result["f1"], result["answer_rate"])

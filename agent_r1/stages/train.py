@@ -11,6 +11,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from agent_r1 import paths
@@ -71,6 +72,7 @@ def train(
 
     init = sft if exp.init == "sft" else policy
     per_source = max(1, p.train.eval_questions // max(val["source"].nunique(), 1))
+    started = time.monotonic()
     summary = train_rl(
         p,
         init_model=init,
@@ -82,6 +84,8 @@ def train(
         live_dir=live or paths.LIVE_DIR / experiment,
     )
     if is_rank0():
+        # seconds (of this process: a resumed run's last part) is what `make paper` estimates from
+        summary["seconds"] = round(time.monotonic() - started, 1)
         write_json(metrics or paths.TRAIN_METRICS_DIR / f"{experiment}.json", {"experiment": experiment, "init": exp.init, **summary})
     shutdown_distributed()
 
