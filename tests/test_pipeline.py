@@ -262,9 +262,27 @@ def test_paper_presets_are_planned_apart_from_the_default_pipeline(repo: Path) -
     assert "Running stage" not in dvc(repo, "repro").stdout
     # (`dvc repro --dry` cannot plan the report: its inputs do not exist until the presets run)
     assert sorted(json.loads(dvc(repo, "status", "paper/dvc.yaml", "--json").stdout)) == sorted(PAPER_STAGES)
+    from flows.plan import describe, paper_plan
+
+    plan = paper_plan(repo)  # what `make paper` prints before it starts
+    assert [p.stage for p in plan] == PAPER_STAGES and [p.steps for p in plan] == [2, 2, 2, 0]
+    assert "4 stage(s) to run" in describe(plan) and "plus 3 run(s) not measured yet" in describe(plan)
     shutil.rmtree(repo / "paper")
     sh(["git", "add", "-A"], repo)
     sh(["git", "commit", "-qm", "no paper presets"], repo)
+
+
+def test_plan_estimates_a_run_from_its_own_or_every_measured_run() -> None:
+    from flows.plan import Planned, describe, estimate
+
+    train = {"grpo": [{"steps": 10, "start_step": 0, "seconds": 500.0}, {"steps": 10, "start_step": 5, "seconds": 300.0}],
+             "ppo": [{"steps": 4, "last": {"time/step_s": 100.0}}]}  # a run from before the stages timed themselves
+    evals = {"grpo": [{"seconds": 60.0}], "ppo": [{"em": 0.1}]}
+    assert estimate("grpo", 20, train, evals) == pytest.approx(20 * 55.0 + 60.0)  # (50 + 60) / 2 s a step
+    assert estimate("rloo", 2, train, evals) == pytest.approx(2 * (50 + 60 + 100) / 3 + 60.0)  # every run's mean
+    assert estimate("grpo", 5, {}, {}) is None
+    text = describe([Planned("paper/dvc.yaml:run@grpo-0", 20, 1160.0), Planned("paper/dvc.yaml:report", 0, 0.0)])
+    assert "run@grpo-0" in text and "~19 min" in text and "total: ~0.3 h estimated" in text
 
 
 # In `make test-slow` (about 3 min a variant): trains the presets for real, one rank and two
