@@ -50,7 +50,7 @@ class SyntheticConfig(_Strict):
 
     n_train: int = Field(2000, ge=1, description="training questions (bridge + comparison)")
     n_test: int = Field(300, ge=1, description="in-domain test questions (bridge + comparison)")
-    n_test_ood: int = Field(200, ge=0, description="out-of-domain 3-hop compositional test questions")
+    n_test_ood: int = Field(100, ge=0, description="out-of-domain 3-hop compositional test questions")
     entities_per_type: int = Field(400, ge=20, description="entities of each kind (people, companies, ...)")
     name_collision_rate: float = Field(
         0.15, ge=0.0, le=1.0, description="share of entities whose name is shared with another entity"
