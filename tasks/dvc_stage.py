@@ -83,6 +83,26 @@ def _stream(pipe: IO[bytes]) -> Iterator[tuple[str, bool]]:
         yield buf.decode(errors="replace"), False
 
 
+def training_target(stage: str, repo: Path) -> tuple[int, Path] | None:
+    """(RL steps, dvclive folder) of a stage that trains: ``train@NAME``; or, of ``<dir>/dvc.yaml``
+    with its ``<dir>/presets.yaml``, a run ``run@PRESET-SEED`` / ``extra@PRESET-SEED`` or the
+    ``curve``. None for any other stage."""
+    from agent_r1.config import experiment_params, load_params, read_presets, with_presets
+
+    dvcfile, _, name = stage.rpartition(":")
+    kind, _, item = name.partition("@")
+    root = repo / Path(dvcfile).parent if dvcfile else repo
+    if kind == "train" and item and not dvcfile:
+        return experiment_params(load_params(repo / "params.yaml"), item).train.steps, root / "dvclive" / item
+    if dvcfile and kind in ("run", "extra") and item:
+        preset, _, seed = item.rpartition("-")
+        params = with_presets(load_params(repo / "params.yaml"), root / "presets.yaml")
+        return experiment_params(params, preset).train.steps, root / "dvclive" / seeded(preset, int(seed))
+    if dvcfile and kind == "curve" and (curve := read_presets(root / "presets.yaml").learning_curve):
+        return curve.steps, root / "dvclive" / "curve"
+    return None
+
+
 class TrainProgress:
     """A Prefect progress artifact that follows a training stage: the share of RL steps
     done, read from the step dvclive writes after each one."""
@@ -97,25 +117,12 @@ class TrainProgress:
 
     @classmethod
     def for_stage(cls, stage: str, repo: str = ".") -> TrainProgress | None:
-        """None unless ``stage`` trains: ``train@NAME``; or, of ``<dir>/dvc.yaml`` with its
-        ``<dir>/presets.yaml``, a run ``run@PRESET-SEED`` / ``extra@PRESET-SEED`` or the ``curve``."""
-        from agent_r1.config import experiment_params, load_params, read_presets, with_presets
-
-        dvcfile, _, name = stage.rpartition(":")
-        kind, _, item = name.partition("@")
-        root = Path(repo) / Path(dvcfile).parent if dvcfile else Path(repo)
-        params = load_params(Path(repo) / "params.yaml")
-        if kind == "train" and item and not dvcfile:
-            steps, live = experiment_params(params, item).train.steps, root / "dvclive" / item
-        elif dvcfile and kind in ("run", "extra") and item:
-            preset, _, seed = item.rpartition("-")
-            params = with_presets(params, root / "presets.yaml")
-            steps, live = experiment_params(params, preset).train.steps, root / "dvclive" / seeded(preset, int(seed))
-        elif dvcfile and kind == "curve" and (curve := read_presets(root / "presets.yaml").learning_curve):
-            steps, live = curve.steps, root / "dvclive" / "curve"
-        else:
+        """None unless ``stage`` trains (:func:`training_target`)."""
+        target = training_target(stage, Path(repo))
+        if target is None:
             return None
-        key = re.sub(r"[^a-z0-9-]+", "-", f"progress-{name}".lower()).strip("-")
+        steps, live = target
+        key = re.sub(r"[^a-z0-9-]+", "-", f"progress-{stage.rpartition(':')[2]}".lower()).strip("-")
         return cls(live / "metrics.json", steps, key)
 
     def steps_done(self) -> int:
