@@ -17,9 +17,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent_r1.config import experiment_params, load_params, read_presets, with_presets
 from agent_r1.paths import split_seeded
-from tasks.dvc_stage import dvc_command
+from tasks.dvc_stage import dvc_command, training_target
 
 PAPER_DIR = Path("paper")
 
@@ -36,10 +35,10 @@ def stale_stages(repo: Path, dvcfile: str) -> list[str]:
     proc = subprocess.run([*dvc_command(), "status", dvcfile, "--json"], cwd=repo, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"dvc status {dvcfile} failed: {proc.stderr.strip()}")
+    from flows.pipeline import pipeline_stages  # flows.pipeline imports this module
+
     changed = set(json.loads(proc.stdout or "{}"))
-    listed = subprocess.run([*dvc_command(), "stage", "list", dvcfile, "--name-only"], cwd=repo,
-                            capture_output=True, text=True, check=True).stdout.split()
-    return [s for s in listed if s in changed or f"{dvcfile}:{s}" in changed]
+    return [s for s in pipeline_stages(str(repo), dvcfile) if s in changed]
 
 
 def measured(folder: Path) -> dict[str, list[dict]]:
@@ -73,21 +72,15 @@ def estimate(preset: str, steps: int, train: dict[str, list[dict]], evals: dict[
 def paper_plan(repo: Path = Path(".")) -> list[Planned]:
     """Each stale stage of paper/dvc.yaml with its steps and estimated seconds."""
     root = repo / PAPER_DIR
-    params = with_presets(load_params(repo / "params.yaml"), root / "presets.yaml")
-    curve = read_presets(root / "presets.yaml").learning_curve
     train, evals = measured(root / "metrics" / "train"), measured(root / "metrics" / "eval")
     plan = []
     for stage in stale_stages(repo, str(PAPER_DIR / "dvc.yaml")):
-        kind, _, item = stage.rpartition(":")[2].partition("@")
-        if kind in ("run", "extra"):
-            preset = item.rpartition("-")[0]
-            steps = experiment_params(params, preset).train.steps
-            plan.append(Planned(stage, steps, estimate(preset, steps, train, evals)))
-        elif kind == "curve" and curve is not None:
-            seconds = estimate(curve.experiment, curve.steps, train, {})
-            plan.append(Planned(stage, curve.steps, seconds))
-        else:
+        target = training_target(stage, repo)
+        if target is None:
             plan.append(Planned(stage, 0, 0.0))
+        else:  # the curve scores the validation split in-loop, not the test split at the end
+            runs_eval = {} if target.live.name == "curve" else evals
+            plan.append(Planned(stage, target.steps, estimate(target.preset, target.steps, train, runs_eval)))
     return plan
 
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any, NamedTuple
 
 from prefect import task
 from prefect.artifacts import (
@@ -83,9 +83,15 @@ def _stream(pipe: IO[bytes]) -> Iterator[tuple[str, bool]]:
         yield buf.decode(errors="replace"), False
 
 
-def training_target(stage: str, repo: Path) -> tuple[int, Path] | None:
-    """(RL steps, dvclive folder) of a stage that trains: ``train@NAME``; or, of ``<dir>/dvc.yaml``
-    with its ``<dir>/presets.yaml``, a run ``run@PRESET-SEED`` / ``extra@PRESET-SEED`` or the
+class TrainingTarget(NamedTuple):
+    steps: int  # RL steps the stage trains
+    live: Path  # its dvclive folder
+    preset: str  # the experiment (preset) it runs
+
+
+def training_target(stage: str, repo: Path) -> TrainingTarget | None:
+    """What a stage that trains runs: ``train@NAME``; or, of ``<dir>/dvc.yaml`` with its
+    ``<dir>/presets.yaml``, a run ``run@PRESET-SEED`` / ``extra@PRESET-SEED`` or the
     ``curve``. None for any other stage."""
     from agent_r1.config import experiment_params, load_params, read_presets, with_presets
 
@@ -93,13 +99,15 @@ def training_target(stage: str, repo: Path) -> tuple[int, Path] | None:
     kind, _, item = name.partition("@")
     root = repo / Path(dvcfile).parent if dvcfile else repo
     if kind == "train" and item and not dvcfile:
-        return experiment_params(load_params(repo / "params.yaml"), item).train.steps, root / "dvclive" / item
+        steps = experiment_params(load_params(repo / "params.yaml"), item).train.steps
+        return TrainingTarget(steps, root / "dvclive" / item, item)
     if dvcfile and kind in ("run", "extra") and item:
         preset, _, seed = item.rpartition("-")
         params = with_presets(load_params(repo / "params.yaml"), root / "presets.yaml")
-        return experiment_params(params, preset).train.steps, root / "dvclive" / seeded(preset, int(seed))
+        steps = experiment_params(params, preset).train.steps
+        return TrainingTarget(steps, root / "dvclive" / seeded(preset, int(seed)), preset)
     if dvcfile and kind == "curve" and (curve := read_presets(root / "presets.yaml").learning_curve):
-        return curve.steps, root / "dvclive" / "curve"
+        return TrainingTarget(curve.steps, root / "dvclive" / "curve", curve.experiment)
     return None
 
 
@@ -121,7 +129,7 @@ class TrainProgress:
         target = training_target(stage, Path(repo))
         if target is None:
             return None
-        steps, live = target
+        steps, live, _ = target
         key = re.sub(r"[^a-z0-9-]+", "-", f"progress-{stage.rpartition(':')[2]}".lower()).strip("-")
         return cls(live / "metrics.json", steps, key)
 
@@ -225,21 +233,21 @@ REPORTS = {
 }
 
 
-def report_experiments(repo: Path, presets: Path | None) -> dict[str, list[int] | None]:
-    """The experiments a report shows, with their training seeds: those of params.yaml (one run
-    each: None), or of a presets file."""
+def report_experiments(repo: Path, presets: Path | None) -> dict[str, Any]:
+    """The experiments a report shows (name -> ExperimentConfig): those of params.yaml, or of a presets file."""
     from agent_r1.config import load_params, with_presets
 
     params = load_params(repo / "params.yaml")
     if presets is not None:
         params = with_presets(params, repo / presets)
-    return {name: e.seeds for name, e in params.experiments.items()}
+    return params.experiments
 
 
 @task(name="publish-reports")
 def publish_reports(repo: str = ".") -> list[str]:
     """Publish each report (markdown) and its EM table (a table artifact, one row per method)."""
     from agent_r1.evaluation.report import results_rows
+    from agent_r1.evaluation.runs import run_seeds
 
     published = []
     for key, (rel, presets) in REPORTS.items():
@@ -249,8 +257,7 @@ def publish_reports(repo: str = ".") -> list[str]:
         create_markdown_artifact(md.read_text(), key=key, description=f"{rel} of this run")
         eval_dir, baseline_dir = md.parent.parent / "metrics" / "eval", Path(repo) / "metrics" / "eval"
         shown = report_experiments(Path(repo), presets)
-        seeds = {name: s for name, s in shown.items() if s}
-        rows = results_rows(eval_dir, baseline_dir, tuple(shown), seeds)
+        rows = results_rows(eval_dir, baseline_dir, tuple(shown), run_seeds(shown))
         if rows:
             create_table_artifact(table=rows, key=f"{key}-results", description=f"Held-out EM/F1 in {rel}")
         published.append(key)

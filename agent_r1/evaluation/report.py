@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_r1.evaluation.paired import describe, paired_runs
-from agent_r1.evaluation.runs import load_metrics, load_outcome_runs, spread
+from agent_r1.evaluation.runs import load_metrics, load_outcome_runs, run_seeds, spread
 from agent_r1.io import atomic_path, write_text
 from agent_r1.paths import split_seeded
 
@@ -187,8 +187,15 @@ def ablation_chart(
     ax.legend(fontsize=8)
     ax.invert_yaxis()
     fig.tight_layout()
+    save_png(fig, out_png, dpi=110, tight=False)
+
+
+def save_png(fig, out_png: Path, dpi: int, tight: bool = True) -> None:
+    """Write ``fig`` to ``out_png`` atomically and free it."""
+    import matplotlib.pyplot as plt
+
     with atomic_path(out_png) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
+        fig.savefig(tmp, format="png", dpi=dpi, bbox_inches="tight" if tight else None)
     plt.close(fig)
 
 
@@ -238,9 +245,7 @@ def bar_chart(
     ax.set_title("Held-out EM by data source")
     legend_outside(ax)
     fig.tight_layout()
-    with atomic_path(out_png) as tmp:
-        fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    save_png(fig, out_png, dpi=120)
 
 
 CURVES = (
@@ -303,9 +308,7 @@ def training_curves(live_dir: Path, out_png: Path, names: tuple[str, ...] | None
     if experiments:
         legend_outside(axes[-1])
     fig.tight_layout()
-    with atomic_path(out_png) as tmp:
-        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    save_png(fig, out_png, dpi=110)
     return experiments
 
 
@@ -331,9 +334,7 @@ def learning_curve(live: Path, out_png: Path) -> list[str]:
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    with atomic_path(out_png) as tmp:
-        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    save_png(fig, out_png, dpi=110)
     return lines
 
 
@@ -433,8 +434,8 @@ def write_report(
     trained rows (``None``: every file in ``eval_dir``) and adds their labels, the paper's numbers and, for ablations, the Table-4 section.
     ``warm_start`` false (sft.enabled false) relabels the "sft" row: no SFT happened.
     ``outcomes`` (method -> per-question rows, :func:`load_outcomes`) adds the paired comparisons."""
-    seeds = {name: e.seeds for name, e in (experiments or {}).items() if e.seeds}
-    results = load_results(eval_dir, baseline_dir, None if experiments is None else tuple(experiments), seeds)
+    names = None if experiments is None else tuple(experiments)
+    results = load_results(eval_dir, baseline_dir, names, run_seeds(experiments or {}))
     experiments = experiments or {}
     if not results:
         raise FileNotFoundError(f"no metrics in {eval_dir}: run the baselines/evaluate stages first")

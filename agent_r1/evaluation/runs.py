@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,12 @@ from agent_r1.paths import seeded
 
 # Metrics a row averages over its runs; the rest (n, method) are the same in every run.
 MEAN_KEYS = ("em", "f1", "answer_rate", "mean_turns", "mean_tool_calls", "invalid_call_rate")
+
+
+def run_seeds(experiments: Mapping[str, Any]) -> dict[str, list[int]]:
+    """Experiment name -> its training seeds, for the experiments (ExperimentConfig) a presets file ran
+    several times; the others are one run each, read as ``<name>.json``."""
+    return {name: e.seeds for name, e in experiments.items() if e.seeds}
 
 
 def run_files(folder: Path, name: str, suffix: str, seeds: list[int] | None) -> list[Path]:

@@ -34,6 +34,7 @@ def report(
     with ``curve_live`` (a long run's dvclive folder), its learning curve as ``curve_png``."""
     from agent_r1.data.schema import read_questions
     from agent_r1.evaluation.report import BASELINE_ORDER, load_outcomes, training_curves, write_report
+    from agent_r1.evaluation.runs import run_seeds
 
     # In-domain = the sources the policy trains on; every other test source is out-of-domain.
     in_domain = sorted(read_questions(train_questions)["source"].unique())
@@ -49,14 +50,13 @@ def report(
     if curve_live is not None and curve_png is not None:
         extra = (*learning_curve_section(curve_live, curve_png), *extra)
     methods = [*BASELINE_ORDER, *params.experiments]
-    seeds = {name: e.seeds for name, e in params.experiments.items() if e.seeds}
     text = write_report(
         eval_dir, in_domain, out, chart, extra,
         baseline_dir=baselines,
         experiments=params.experiments,
         ablation_png=ablations,
         warm_start=params.sft.enabled,
-        outcomes=load_outcomes(outcomes, methods, baseline_outcomes, seeds),
+        outcomes=load_outcomes(outcomes, methods, baseline_outcomes, run_seeds(params.experiments)),
     )
     print(text)
 
