@@ -435,7 +435,14 @@ class VLLMConfig(_Strict):
     gpu_memory_utilization: float = Field(
         0.3, gt=0.0, le=1.0, description="GPU: share of GPU memory vLLM takes (weights + KV cache); the trainer shares the GPU"
     )
-    enforce_eager: bool = Field(True, description="no torch.compile / CUDA graphs: starts in seconds instead of minutes")
+    enforce_eager: bool | None = Field(
+        None, description="no torch.compile / CUDA graphs; null = eager on CPU (inductor compiles for minutes), graphs on GPU"
+    )
+    sleep_level: int | None = Field(
+        None, ge=0, le=2,
+        description="GPU: vLLM frees its memory while the trainer updates (1: weights to CPU and the KV cache "
+                    "dropped; 2: both dropped, the weight sync refills them); 0 = never; null = 1 on GPU, 0 on CPU",
+    )
 
 
 class RolloutConfig(_Strict):
@@ -504,11 +511,35 @@ class TrainConfig(_Strict):
     zero_stage: Literal[2, 3] = 2
     bf16: bool = False
     gradient_checkpointing: bool = False
-    num_procs: int = Field(1, ge=1, description="ranks under the deepspeed launcher")
+    num_procs: int = Field(1, ge=1, description="ranks under the deepspeed launcher; with a hostfile, its total slots")
+    hostfile: str | None = Field(
+        None, min_length=1,
+        description="null: every rank on this machine; else a DeepSpeed hostfile (`host slots=N` lines, one rank "
+        "per slot, slots adding up to num_procs) read when the stage starts, relative to the repo root",
+    )
+    master_addr: str | None = Field(
+        None, min_length=1, description="with a hostfile: where rank 0 listens, reachable from every node; null: its first host"
+    )
+    master_port: int | None = Field(None, ge=1, le=65535, description="rank 0's port; null: one free on this machine")
+    # Only launchers that hand each rank RANK/LOCAL_RANK qualify: openmpi, slurm and mvapich do not, and a
+    # rank without LOCAL_RANK takes itself for the stage and launches again.
+    launcher: Literal["pdsh", "mpich", "impi"] = Field("pdsh", description="with a hostfile: how ranks reach the other nodes")
     save_every: int = Field(5, ge=1, description="checkpoint every N steps")
     eval_every: int = Field(5, ge=1, description="greedy eval on the validation split every N steps (eval/* metrics)")
     eval_questions: int = Field(40, ge=1, description="validation questions for the in-training eval")
     seed: Seed = 0
+
+    @model_validator(mode="after")
+    def _launch_keys(self) -> "TrainConfig":
+        # The hostfile itself is read by the train stage (agent_r1.launch): other stages and machines
+        # load these params without it. Here only what the keys say together.
+        if self.hostfile is not None and self.num_procs == 1:
+            raise ValueError("train.hostfile: spreads train.num_procs ranks over its hosts, but train.num_procs "
+                             "is 1: set it to the hostfile's total slots, or hostfile: null")
+        if self.hostfile is None and (self.master_addr is not None or self.launcher != "pdsh"):
+            raise ValueError("train.master_addr and train.launcher apply only with a train.hostfile (one machine "
+                             "launches locally on 127.0.0.1): set hostfile, or leave them at null and pdsh")
+        return self
 
 
 class SFTConfig(_Strict):

@@ -1,7 +1,8 @@
 """train@<experiment> stage: RL on DeepSpeed from the warm start (or the base model).
 
 With ``train.num_procs > 1`` the stage re-launches itself under the
-``deepspeed`` launcher, one rank per process; rollouts are split over ranks
+``deepspeed`` launcher, one rank per process, on this machine or over the hosts
+of ``train.hostfile`` (:mod:`agent_r1.launch`); rollouts are split over ranks
 with whole groups kept together.
 """
 
@@ -9,29 +10,33 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from agent_r1 import paths
-from agent_r1.config import Params, experiment_params
+from agent_r1.config import Params, TrainConfig, experiment_params
 from agent_r1.io import write_json
+from agent_r1.launch import launch_command
 from agent_r1.stages.common import run_stage
 
 log = logging.getLogger(__name__)
 
 
-def relaunch_under_deepspeed(num_procs: int) -> None:
-    """Run this stage again, with the same arguments (--experiment, --presets, paths...), as ``num_procs`` ranks."""
+def stage_launch_command(cfg: TrainConfig) -> list[str]:
+    """This stage again, with the same arguments (--experiment, --presets, paths...), as ``cfg.num_procs``
+    ranks. Reads and checks ``train.hostfile``: ValueError naming the key."""
     from agent_r1.training.distributed import free_port
 
-    launcher = Path(sys.executable).parent / "deepspeed"
-    cmd = [
-        str(launcher), "--num_accelerators", str(num_procs), "--master_port", str(free_port()),
-        str(Path(__file__).resolve()), *sys.argv[1:],
-    ]
-    log.info("launching %d ranks: %s", num_procs, " ".join(cmd))
+    return launch_command(cfg, Path(__file__).resolve(), sys.argv[1:], free_port())
+
+
+def relaunch_under_deepspeed(cmd: list[str]) -> NoReturn:
+    """Run the launcher; this process only waits for the ranks and exits with their status."""
+    log.info("launching: %s", shlex.join(cmd))
     sys.exit(subprocess.call(cmd))
 
 
@@ -57,14 +62,17 @@ def train(
 
     exp = params.experiments[experiment]
     p = experiment_params(params, experiment)
+    launcher = None
+    if p.train.num_procs > 1 and "LOCAL_RANK" not in os.environ:  # the stage, not one of its ranks
+        launcher = stage_launch_command(p.train)  # a bad hostfile fails first, before any other work
     location = paths.index_location(p.retrieval.index, indexes)
     check_index(location)  # before launching ranks or loading a model
     val = read_questions(val_questions)
     if val.empty:
         raise ValueError(f"{val_questions} holds no questions (data.val_questions is 0): the in-training evals "
                          "need a validation split; set data.val_questions >= 1 and re-run prepare")
-    if p.train.num_procs > 1 and "LOCAL_RANK" not in os.environ:
-        relaunch_under_deepspeed(p.train.num_procs)
+    if launcher is not None:
+        relaunch_under_deepspeed(launcher)
 
     from agent_r1.evaluation.evaluate import select_questions
     from agent_r1.training.distributed import is_rank0, shutdown_distributed
