@@ -8,7 +8,7 @@ PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: run paper paper-plan test test-slow venv bench bench-trl lock clean-venv
+.PHONY: run paper paper-plan test test-slow gpu-check venv bench bench-trl lock clean-venv
 
 $(STAMP): pyproject.toml requirements.lock requirements-vllm.lock
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -33,6 +33,9 @@ test: $(STAMP)  ## fast tests (CI: at most 15 min on 2 cores; --durations shows 
 
 test-slow: $(STAMP)  ## long checks: 10,000 fuzz examples per property (tests/test_fuzz.py)
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-fuzz} $(PY) -m pytest -m slow --durations=25
+
+gpu-check: $(STAMP)  ## on a GPU machine (README, "GPU recipe"): 2 RL steps with vLLM rollouts, weight sync, checkpoint + resume, ZeRO-2 and ZeRO-3, on a tiny random model (nothing downloaded); PASS/FAIL lines
+	$(PY) -m agent_r1.smoke $(GPU_CHECK_ARGS)
 
 bench: $(STAMP)
 	$(PY) bench/retrieval.py

@@ -470,7 +470,7 @@ def test_a_same_dtype_rollout_engine_samples_with_the_actors_own_weights(tiny_po
     engines = build_engines(params, tiny_policy)
     shared, copied = TransformersEngine(tiny_policy, dtype="float32"), TransformersEngine(tiny_policy, dtype="bfloat16")
     for engine in (shared, copied):
-        sync_rollout_weights(engines.actor, engine, world=1)
+        sync_rollout_weights(engines.actor, engine)
     actor = dict(unwrap(engines.actor).named_parameters())
     assert all(p.data_ptr() == actor[n].data_ptr() for n, p in shared.model.named_parameters())
     assert not any(p.data_ptr() == actor[n].data_ptr() for n, p in copied.model.named_parameters())

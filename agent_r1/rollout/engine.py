@@ -22,7 +22,8 @@ import functools
 import logging
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,6 +84,32 @@ class TurnSettings:
     slots: int
 
 
+class WeightNames:
+    """The weights of one sync, checked as they come: each name known and sent once, all by the end.
+
+    ``optional``: names an engine takes but does not need (a tied ``lm_head.weight`` is the embedding).
+    """
+
+    def __init__(self, required: set[str], optional: set[str]) -> None:
+        self.required, self.optional = set(required), set(optional)
+        self.seen: set[str] = set()
+
+    def take(self, names: Iterable[str]) -> None:
+        """Record a bucket's names; a KeyError for unknown or repeated ones (checked before anything loads)."""
+        names = list(names)
+        unexpected = sorted(n for n in names if n not in self.required and n not in self.optional)
+        repeated = sorted(n for n in names if n in self.seen)
+        if unexpected or repeated:
+            raise KeyError(f"update_weights: unexpected keys {unexpected[:5]}, repeated keys {repeated[:5]}")
+        self.seen.update(names)
+
+    def check_complete(self) -> None:
+        """A KeyError naming the weights the sync never sent (the engine would sample with stale ones)."""
+        missing = sorted(self.required - self.seen)
+        if missing:
+            raise KeyError(f"update_weights: missing keys {missing[:5]} ({len(missing)} of {len(self.required)})")
+
+
 class GenerationEngine(ABC):
     """What the rollout loop needs from an inference backend (transformers, vLLM, a test double)."""
 
@@ -109,9 +136,60 @@ class GenerationEngine(ABC):
         """
         run_turns_synchronously(self, prompts, on_turn_end, settings, stop_strings, seed)
 
+    # the names of the weight sync in progress (None: none is)
+    _weight_sync: WeightNames | None = None
+
     def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Load new policy weights (weight sync from the trainer)."""
+        """Load new policy weights, named as in the model's checkpoint (the trainer's weight sync).
+
+        Alone, ``state_dict`` is the complete set (one sync). Inside :meth:`weight_sync`, each call
+        may carry any subset (a bucket), so a sync never needs the whole model in memory at once.
+        Unknown or repeated names raise a KeyError before anything is loaded. The engine copies
+        what it keeps: a bucket's tensors may be freed (re-partitioned by ZeRO-3) once it returns.
+        """
+        if self._weight_sync is None:
+            with self.weight_sync():
+                self.update_weights(state_dict)
+            return
+        self._weight_sync.take(state_dict)
+        self._load_weights(state_dict)
+
+    @contextmanager
+    def weight_sync(self) -> Iterator[None]:
+        """Group :meth:`update_weights` calls (buckets) into one sync.
+
+        On exit every weight must have come (else a KeyError), then the once-per-sync work runs
+        once, not once per bucket (derived state such as a packed or float32 head, caches of KV
+        computed with the old weights). After a sync that raised, the weights are a mix of old
+        and new: sync again before sampling.
+        """
+        if self._weight_sync is not None:
+            raise RuntimeError(f"{type(self).__name__}.weight_sync: a sync is already in progress")
+        self._weight_sync = WeightNames(*self._expected_weights())
+        try:
+            yield
+            self._weight_sync.check_complete()
+        finally:
+            self._weight_sync = None
+        self._finish_weight_sync()
+
+    def _expected_weights(self) -> tuple[set[str], set[str]]:
+        """(names a sync must send, names it may send)."""
         raise NotImplementedError(f"{type(self).__name__} does not support update_weights")
+
+    def _load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Load some of the weights (names already checked); copy what is kept."""
+        raise NotImplementedError(f"{type(self).__name__} does not support update_weights")
+
+    def _finish_weight_sync(self) -> None:
+        """The once-per-sync work after the last bucket (nothing by default)."""
+
+    def sleep(self) -> None:
+        """Free what the engine holds on the accelerator while the trainer updates (vLLM on GPU);
+        nothing by default. The next call is :meth:`wake_up`, then a weight sync."""
+
+    def wake_up(self) -> None:
+        """Take back what :meth:`sleep` freed, before the weight sync and the next rollout."""
 
 
 def run_turns_synchronously(
@@ -260,7 +338,7 @@ class TransformersEngine(GenerationEngine):
         self,
         model_path: str | Path,
         dtype: str = "bfloat16",
-        device: str = "cpu",
+        device: str | torch.device = "cpu",
         compact_fraction: float = 0.25,
         min_shared_prefix: int = 16,
         extra_stop_tokens: Sequence[str] = ("<|im_end|>", "<|endoftext|>"),
@@ -370,14 +448,17 @@ class TransformersEngine(GenerationEngine):
         gen.manual_seed(random.Random(seed).getrandbits(63))
         ContinuousBatcher(self, settings, stop_strings, gen).run(prompts, on_turn_end)
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Copy trainer weights in place (dtype/device cast by ``load_state_dict``); names must match exactly."""
-        result = self.model.load_state_dict(dict(state_dict), strict=False)
+    def _expected_weights(self) -> tuple[set[str], set[str]]:
+        """Every ``state_dict`` entry; a tied ``lm_head.weight`` is optional (it is the embedding)."""
         tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
-        missing = [k for k in result.missing_keys if k not in tied]
-        if missing or result.unexpected_keys:
-            raise KeyError(f"update_weights: missing keys {missing[:5]}, unexpected keys {result.unexpected_keys[:5]}")
-        self._refresh_head()
+        return set(self.model.state_dict()) - tied, tied
+
+    def _load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Copy in place (``load_state_dict`` casts dtype/device and refuses a wrong shape)."""
+        self.model.load_state_dict(dict(weights), strict=False)  # strict=False: a bucket is a subset
+
+    def _finish_weight_sync(self) -> None:
+        self._refresh_head()  # the float32 head copy: once per sync, not per bucket
 
     def share_weights(self, state_dict: Mapping[str, torch.Tensor]) -> bool:
         """Sample with the trainer's own weight tensors instead of a copy, when every parameter has

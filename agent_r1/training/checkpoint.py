@@ -21,15 +21,17 @@ import logging
 import random
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from agent_r1.io import atomic_dir, atomic_path, fsync_path, fsync_tree, write_json
 from agent_r1.training.distributed import barrier, is_rank0
-from agent_r1.training.engines import unwrap
+from agent_r1.training.engines import bucket_elements, unwrap
 from agent_r1.training.logprobs import unwrap_engine
 
 log = logging.getLogger(__name__)
@@ -186,6 +188,64 @@ def full_state_dict(engine: Any) -> dict[str, torch.Tensor] | None:
     if state is None:
         return None
     return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+
+
+# One distinct tensor of a state dict and every name it has there (tied weights: several).
+NamedTensor = tuple[list[str], torch.Tensor]
+
+
+def _distinct_tensors(model: nn.Module) -> list[NamedTensor]:
+    """The model's ``state_dict`` entries (parameters and persistent buffers) in module order,
+    one per tensor: a tied weight comes once, with all its names."""
+    tensors: dict[int, NamedTensor] = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        tensors.setdefault(id(tensor), ([], tensor))[0].append(name)
+    return list(tensors.values())
+
+
+def _full_numel(tensor: torch.Tensor) -> int:
+    return getattr(tensor, "ds_numel", tensor.numel())  # a ZeRO-3 parameter's numel() is its shard's
+
+
+def _buckets(tensors: list[NamedTensor], max_elements: int) -> list[list[NamedTensor]]:
+    """Consecutive runs of ``tensors`` of at most ``max_elements`` elements (a larger tensor alone)."""
+    buckets: list[list[NamedTensor]] = []
+    size = 0
+    for entry in tensors:
+        n = _full_numel(entry[1])
+        if not buckets or size + n > max_elements:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(entry)
+        size += n
+    return buckets
+
+
+def gathered_weight_buckets(engine: Any, max_elements: int | None = None) -> Iterator[dict[str, torch.Tensor]]:
+    """The engine's weights with the Hugging Face model's key names, a bucket at a time, whole on every rank.
+
+    Collective under ZeRO-3, every rank must iterate to the end: each bucket is
+    one ``deepspeed.zero.GatheredParameters`` (an all-gather of the bucket's
+    shards) after which every rank holds the full tensors, so nothing goes
+    through rank 0 or is broadcast. A bucket's tensors are the gathered
+    parameters themselves, re-partitioned when the next bucket is asked for:
+    copy what you keep. Peak extra memory is one bucket: ``max_elements``
+    (default :func:`~agent_r1.training.engines.bucket_elements` of the model,
+    the size of ZeRO's own buckets); a larger tensor comes alone. Persistent
+    buffers are not partitioned and come as they are (as in the consolidated
+    state dict). Without ZeRO-3 the buckets are the module's own tensors.
+    """
+    # here: on top, import sorting would put it before engines, which must pick the accelerator first
+    import deepspeed
+
+    tensors = _distinct_tensors(unwrap(engine))
+    if max_elements is None:
+        sizes = [_full_numel(t) for _, t in tensors]
+        max_elements = bucket_elements(sum(sizes), max(sizes, default=0))
+    for bucket in _buckets(tensors, max_elements):
+        params = [t for _, t in bucket if hasattr(t, "ds_id")]
+        with deepspeed.zero.GatheredParameters(params):  # no modifier_rank: read only, nothing broadcast on exit
+            yield {name: t.detach() for names, t in bucket for name in names}
 
 
 def export_hf(engine: Any, tokenizer: Any, out_dir: str | Path) -> None:

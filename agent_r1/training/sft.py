@@ -25,6 +25,7 @@ from agent_r1.algorithms.losses import aggregate
 from agent_r1.config import Params
 from agent_r1.rollout.trajectory import TrajectoryBatch
 from agent_r1.training.checkpoint import export_hf
+from agent_r1.training.distributed import device
 from agent_r1.training.engines import make_engine
 from agent_r1.training.expert import ExpertEngine, expert_plan
 from agent_r1.training.logprobs import micro_batches, select_rows
@@ -80,6 +81,7 @@ def train_sft(
 
     engine = make_engine(load_policy(init_model, "float32", params.train.gradient_checkpointing), params.train, cfg.lr)
     tensors = {"input_ids": demos.input_ids, "attention_mask": demos.attention_mask, "mask": demos.action_mask.float()}
+    tensors = {k: v.to(device()) for k, v in tensors.items()}  # where the engine computes (cuda:LOCAL_RANK on GPUs)
     rng = random.Random(cfg.seed)
     losses: list[float] = []
     t0 = time.monotonic()

@@ -63,7 +63,7 @@ from agent_r1.rollout.steps import StepBatch, broadcast_to_actions, episode_step
 from agent_r1.rollout.trajectory import TrajectoryBatch
 from agent_r1.training.checkpoint import (
     export_hf,
-    full_state_dict,
+    gathered_weight_buckets,
     load_checkpoint,
     published_steps,
     read_latest,
@@ -145,9 +145,10 @@ def run_fingerprint(
     params: Params, init_model: Path, index_path: str | Path, train_questions: list[dict], eval_questions: list[dict]
 ) -> dict[str, str]:
     """What a checkpoint must share with this run to be resumed, part by part (see
-    :data:`FINGERPRINT_PARTS`): everything but the step count and the logging
-    cadence (so raising ``train.steps`` continues a run)."""
-    cfg = params.model_dump(exclude={"experiments": True, "schedule": True, "train": {"steps", "save_every", "eval_every"}})
+    :data:`FINGERPRINT_PARTS`): everything but the step count, the logging
+    cadence (so raising ``train.steps`` continues a run) and where the ranks run."""
+    where = {"hostfile", "master_addr", "master_port", "launcher"}
+    cfg = params.model_dump(exclude={"experiments": True, "schedule": True, "train": {"steps", "save_every", "eval_every", *where}})
     code = code_hash()
     if refs := plugin_refs(params):  # the user's tools, rewards, estimator... are training code too
         code = _digest([code, sorted({plugin_code_hash(ref) or "" for ref in refs.values()})])
@@ -244,25 +245,25 @@ def shard(records: list[dict], rank: int, world: int) -> list[dict]:
     return records[rank::world]
 
 
-def sync_rollout_weights(actor: Any, rollout_engine: Any, world: int) -> None:
-    """Actor weights -> the rollout engine, in memory (gathered from ZeRO-3 shards when needed).
+def sync_rollout_weights(actor: Any, rollout_engine: Any, bucket: int | None = None) -> None:
+    """Actor weights -> this rank's rollout engine, in memory, as tensors (nothing is pickled).
 
+    ZeRO-3 (collective): bucket by bucket of at most ``bucket`` elements (default: the size of
+    ZeRO's own buckets), each all-gathered on every rank and copied into the engine within one
+    ``weight_sync`` (:func:`~agent_r1.training.checkpoint.gathered_weight_buckets`): a rank holds
+    one bucket beyond its shards, never the whole model, and nothing funnels through rank 0.
     ZeRO-1/2 keep the full weights in the module, updated in place by each optimizer step: an
     engine in the same dtype samples with those very tensors (``share_weights``, re-pointed at
     every sync so a buffer DeepSpeed replaced is followed) instead of holding a second copy.
     """
     if actor.zero_optimization_partition_weights():
-        state = full_state_dict(actor)  # collective; rank 0 gets the full weights
-        if world > 1:
-            import torch.distributed as dist
-
-            box = [state]
-            dist.broadcast_object_list(box, src=0)
-            state = box[0]
-    else:  # ZeRO-1/2: every rank holds the full (bf16) weights
-        state = {k: v.detach() for k, v in unwrap(actor).state_dict().items()}
-        if getattr(rollout_engine, "share_weights", None) and rollout_engine.share_weights(state):
-            return
+        with rollout_engine.weight_sync():
+            for weights in gathered_weight_buckets(actor, bucket):
+                rollout_engine.update_weights(weights)
+        return
+    state = {k: v.detach() for k, v in unwrap(actor).state_dict().items()}  # ZeRO-1/2: the full weights
+    if getattr(rollout_engine, "share_weights", None) and rollout_engine.share_weights(state):
+        return
     rollout_engine.update_weights(state)
 
 
@@ -622,7 +623,7 @@ def rl_step(params: Params, engines: Engines, batch: TrajectoryBatch, world: int
 
 
 def restore(
-    engines: Engines, rollout_engine: Any, checkpoint_dir: Path, fingerprint: dict[str, str], cfg: Any, world: int
+    engines: Engines, rollout_engine: Any, checkpoint_dir: Path, fingerprint: dict[str, str], cfg: Any
 ) -> tuple[int, list[dict[str, float]]]:
     """Resume from the checkpoint :func:`resume_step` picks: (its step, the metric history up to it).
     A checkpoint that may not be reused is deleted. Collective."""
@@ -635,7 +636,7 @@ def restore(
             barrier()
         return 0, []
     extra = load_checkpoint(engines.checkpointed(), checkpoint_dir, step)
-    sync_rollout_weights(engines.actor, rollout_engine, world)
+    sync_rollout_weights(engines.actor, rollout_engine)
     log.info("resuming at step %d", step)
     return step, scheduled(list(extra.get("history", []))[:step], cfg)
 
@@ -675,8 +676,10 @@ def train_step(
     batch = rollout.play(records, rollout_cfg)
     metrics = rollout_metrics(batch)
     metrics["time/rollout_s"] = time.monotonic() - t0
+    rollout.engine.sleep()  # vLLM on GPU: its memory goes to the update
     metrics.update(rl_step(params, engines, batch.to(device()), world))
-    sync_rollout_weights(engines.actor, rollout.engine, world)
+    rollout.engine.wake_up()
+    sync_rollout_weights(engines.actor, rollout.engine)
     metrics["time/step_s"] = time.monotonic() - t_step
     metrics["tokens_per_s"] = metrics["tokens"] / max(metrics["time/step_s"], 1e-9)
     return all_reduce_mean(metrics, world)
@@ -711,7 +714,7 @@ def resume(run: Run, live_dir: Path) -> int:
     its history; returns the first step to train. Collective."""
     cfg = run.params.train
     start_step, run.history = restore(
-        run.engines, run.rollout.engine, run.checkpoint_dir, run.fingerprint, cfg, run.world
+        run.engines, run.rollout.engine, run.checkpoint_dir, run.fingerprint, cfg
     )
     if run.history and len(run.history) == cfg.steps and "eval/em" not in run.history[-1]:
         evaluate_into(run, run.history[-1])  # this run's last step evaluates; the checkpoint's run had more steps
@@ -758,9 +761,12 @@ def train_rl(
     out_model: Path,
     checkpoint_dir: Path,
     live_dir: Path,
+    rollout_engine: Any = None,
 ) -> dict[str, Any]:
     """Run ``params.train.steps`` RL steps from ``init_model``; export the policy to ``out_model``.
 
+    ``rollout_engine``: one already built from ``init_model`` (e.g. to inspect it after the run);
+    by default :func:`~agent_r1.rollout.make_rollout_engine` builds the one ``rollout`` names.
     Returns ``{"steps", "start_step", "last"}``: ``last`` is the final step's
     metrics, also when every step was restored from a checkpoint.
     """
@@ -775,7 +781,8 @@ def train_rl(
     fingerprint = run_fingerprint(params, init_model, index_path, train_questions, eval_questions)
 
     engines = build_engines(params, init_model)
-    rollout_engine = make_rollout_engine(init_model, params.rollout)
+    if rollout_engine is None:
+        rollout_engine = make_rollout_engine(init_model, params.rollout)
     env = make_env(params, index_path)
     rollout = Rollout(rollout_engine, env, rollout_engine.tokenizer)
 

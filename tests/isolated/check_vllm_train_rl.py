@@ -20,6 +20,7 @@ from agent_r1.data.synthetic import generate as synthetic_world  # noqa: E402
 from agent_r1.retrieval import build_index  # noqa: E402
 from agent_r1.rollout.engine import TransformersEngine  # noqa: E402
 from agent_r1.rollout.vllm_engine import VLLMEngine, usable_cores  # noqa: E402
+from agent_r1.smoke import tiny_policy as make_tiny_policy  # noqa: E402
 from agent_r1.training.trainer import train_rl  # noqa: E402
 
 # float32 vLLM vs a float32 transformers forward of the same weights agree to ~3e-5 (check_vllm_engine.py);
@@ -29,19 +30,7 @@ TOL = 1e-3
 
 @pytest.fixture(scope="module")
 def tiny_policy(tmp_path_factory: pytest.TempPathFactory, policy_dir: Path) -> Path:
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tok = AutoTokenizer.from_pretrained(policy_dir)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=2048, tie_word_embeddings=True,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-    )
-    out = tmp_path_factory.mktemp("tiny") / "policy"
-    LlamaForCausalLM(cfg).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return make_tiny_policy(policy_dir, tmp_path_factory.mktemp("tiny") / "policy")
 
 
 def vllm_params() -> Params:
