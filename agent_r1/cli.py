@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from agent_r1.config import Params
@@ -26,6 +26,29 @@ def _params_check(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return 2
     print(f"{args.file}{f' with {args.presets}' if args.presets else ''}: ok")
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    """Each rank's memory for a params file against the device's; exit 2 naming the keys to change."""
+    from agent_r1.config import ParamsError, load_params
+    from agent_r1.plan import PlanError, find_device, model_arch, plan
+
+    try:
+        params = load_params(args.file)
+        arch = model_arch(params, args.model_config)
+        device = find_device(args.gpus, args.gpu_memory_gib, args.cpu_memory_gib)
+        report, errors = plan(params, arch, device, args.file, args.experiment)
+    except ParamsError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    except PlanError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(report)
+    if errors:
+        print("\n".join(errors), file=sys.stderr)
+        return 2
     return 0
 
 
@@ -128,6 +151,42 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_plan(sub: Any) -> None:
+    plan = sub.add_parser(
+        "plan", help="estimate each rank's memory (weights, optimizer, activations, KV cache) against the device's",
+        description="Per rank: the training state under train.zero_stage, the reference and the critic, the "
+        "activations at train.micro_batch_tokens, the rollout engine's weights and KV cache, against one "
+        "device's memory. Nothing is loaded. Exit 2, naming the params keys to change, when it does not fit.",
+    )
+    plan.add_argument("file", nargs="?", default="params.yaml")
+    plan.add_argument("--experiment", default=None, help="plan this experiment only (default: each)")
+    plan.add_argument("--gpus", type=int, default=None, help="GPUs for the run (one rank each)")
+    plan.add_argument("--gpu-memory-gib", type=float, default=None, help="memory of each GPU, GiB (e.g. 80)")
+    plan.add_argument("--cpu-memory-gib", type=float, default=None,
+                      help="plan CPU ranks sharing this much RAM (default without flags: the CUDA devices here, "
+                      "else this machine's RAM)")
+    plan.add_argument("--model-config", type=Path, default=None, metavar="PATH",
+                      help="the model's config.json (or its folder): for a hub id model.path with no built-in shape")
+    plan.set_defaults(func=_plan)
+
+
+def _add_chat(sub: Any) -> None:
+    chat = sub.add_parser("chat", help="run one episode and print it with masks and rewards")
+    chat.add_argument("question")
+    chat.add_argument("--model", default="models/policy", help="a transformers folder (e.g. models/trained/grpo)")
+    chat.add_argument("--index", default=None, help="index folder or http(s):// URL (default: retrieval.index)")
+    chat.add_argument("--params", default="params.yaml")
+    chat.add_argument("--answer", action="append", help="gold answer(s), to score the episode")
+    chat.add_argument("--sample", action="store_true", help="sample at rollout.temperature instead of greedy")
+    chat.add_argument("--seed", type=int, default=0)
+    shot = chat.add_mutually_exclusive_group()
+    shot.add_argument("--one-shot", dest="one_shot", action="store_true", default=None,
+                      help="show the one-shot example (the base model needs it)")
+    shot.add_argument("--no-one-shot", dest="one_shot", action="store_false",
+                      help="no example (trained policies; see sft.one_shot)")
+    chat.set_defaults(func=_chat)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="agent-r1", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -137,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("file", nargs="?", default="params.yaml")
     check.add_argument("--presets", default=None, help="and a presets file over it (paper/presets.yaml)")
     check.set_defaults(func=_params_check)
+    _add_plan(sub)
 
     data = sub.add_parser("data", help="data utilities").add_subparsers(dest="sub", required=True)
     conv = data.add_parser("convert", help="convert one official-format file to the normalised schema")
@@ -161,20 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8765)
     serve.set_defaults(func=_serve)
-    chat = sub.add_parser("chat", help="run one episode and print it with masks and rewards")
-    chat.add_argument("question")
-    chat.add_argument("--model", default="models/policy", help="a transformers folder (e.g. models/trained/grpo)")
-    chat.add_argument("--index", default=None, help="index folder or http(s):// URL (default: retrieval.index)")
-    chat.add_argument("--params", default="params.yaml")
-    chat.add_argument("--answer", action="append", help="gold answer(s), to score the episode")
-    chat.add_argument("--sample", action="store_true", help="sample at rollout.temperature instead of greedy")
-    chat.add_argument("--seed", type=int, default=0)
-    shot = chat.add_mutually_exclusive_group()
-    shot.add_argument("--one-shot", dest="one_shot", action="store_true", default=None,
-                      help="show the one-shot example (the base model needs it)")
-    shot.add_argument("--no-one-shot", dest="one_shot", action="store_false",
-                      help="no example (trained policies; see sft.one_shot)")
-    chat.set_defaults(func=_chat)
+    _add_chat(sub)
 
     compare = sub.add_parser(
         "compare", help="params and metrics differences between two commits / experiments (dvc params+metrics diff)"

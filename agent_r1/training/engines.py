@@ -35,34 +35,12 @@ from agent_r1.training.distributed import init_distributed, select_accelerator
 select_accelerator()  # before deepspeed is imported (it picks the accelerator on import)
 import deepspeed  # noqa: E402
 
+from agent_r1.training.buckets import BUCKET_ALIGN, DEFAULT_BUCKET, DEFAULT_PREFETCH_BUCKET, bucket_elements  # noqa: E402,F401
 from agent_r1.training.logprobs import LogprobModel, unwrap_engine, use_packed_attention  # noqa: E402
 
 log = logging.getLogger(__name__)
 
 __all__ = ["bucket_elements", "ds_config", "make_engine", "make_reference", "init_distributed", "unwrap", "optimizer_groups"]
-
-
-# DeepSpeed's default ZeRO bucket sizes (elements); ours are never larger.
-DEFAULT_BUCKET = 500_000_000
-DEFAULT_PREFETCH_BUCKET = 50_000_000
-BUCKET_ALIGN = 1 << 20  # DeepSpeed wants allgather buckets a multiple of its NCCL alignment factor
-
-
-def bucket_elements(n_params: int | None, largest_param: int | None = None) -> int:
-    """ZeRO's reduce / all-gather bucket size for a model of ``n_params`` parameters.
-
-    Why: DeepSpeed's default is 5e8 elements whatever the model, and ZeRO-2
-    allocates its gradient staging buffer (``contiguous_gradients``) at that
-    size on every micro-batch: 2 GB of fp32 for a model a tenth as large. A
-    quarter of the model (at least its largest tensor, so no parameter is
-    split) keeps the number of reductions per backward small (4-5) while the
-    buffer stays a fraction of the gradients' own size. Rounded up to
-    :data:`BUCKET_ALIGN`; never above DeepSpeed's default. ``None``: the default.
-    """
-    if not n_params:
-        return DEFAULT_BUCKET
-    size = max(-(-n_params // 4), largest_param or 0, 1)
-    return min(DEFAULT_BUCKET, -(-size // BUCKET_ALIGN) * BUCKET_ALIGN)
 
 
 def ds_config(
