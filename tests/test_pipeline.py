@@ -366,8 +366,9 @@ def test_sweep_queues_dvc_experiments_and_tabulates_them(repo: Path, prefect_har
     assert "sweep" in _artifacts()
 
 
-# The example task (examples/arithmetic.py) from params alone, at toy size. In `make test-slow`:
-# it runs every stage up to evaluate@grpo again on a second repo.
+# Slow suite: a minute of `make test`'s 15 on 2 cores, and the step representation and the managed
+# context already train in-process in tests/test_trainer.py; this checks their DVC wiring.
+@pytest.mark.slow
 def test_step_level_training_with_a_managed_context_runs_through_dvc(repo: Path) -> None:
     """A second experiment from params alone: step representation, older observations by title.
     Only its own train and evaluate stages run; it trains one sample per step (more samples than
@@ -395,6 +396,8 @@ def test_step_level_training_with_a_managed_context_runs_through_dvc(repo: Path)
         (repo / "params.yaml").write_text(original)
 
 
+# The example task (examples/arithmetic.py) from params alone, at toy size. In `make test-slow`:
+# it runs every stage up to evaluate@grpo again on a second repo.
 EXAMPLE_TASK = {
     "data__source": "examples.arithmetic:ArithmeticProblems",
     "data__options": {"n_train": 24, "n_test": 8},
