@@ -341,6 +341,9 @@ def test_paper_presets_run_apart_from_the_default_pipeline(repo: Path, prefect_h
     assert "Running stage" not in dvc(repo, "repro", "paper/dvc.yaml").stdout
 
 
+# Slow suite: a minute of `make test`'s 15 on 2 cores (a queued DVC experiment runs the pipeline's
+# index stage again); the sweep's points, schema checks and table are tested in tests/test_sweep.py.
+@pytest.mark.slow
 def test_sweep_queues_dvc_experiments_and_tabulates_them(repo: Path, prefect_harness: None) -> None:
     from flows.sweep import sweep
 

@@ -51,11 +51,9 @@ def test_parameter_counts_match_the_official_models() -> None:
     assert (QWEN3B.head_dim, QWEN3B.kv_dim, QWEN3B.qkv_bias, SMOL.qkv_bias) == (128, 256, True, False)
 
 
-def test_built_in_smollm2_shape_is_the_downloaded_one() -> None:
-    folder = ROOT / "models/policy"
-    if not (folder / "config.json").exists():
-        pytest.skip("models/policy not downloaded (dvc repro download)")
-    assert plan.read_config(folder).__dict__ | {"source": "test"} == SMOL.__dict__
+def test_built_in_smollm2_shape_is_the_downloaded_one(policy_dir: Path) -> None:
+    """The built-in copy of SmolLM2-135M's shape is the one the download stage writes (conftest builds it so)."""
+    assert plan.read_config(policy_dir).__dict__ | {"source": "test"} == SMOL.__dict__
 
 
 def test_chunk_size_is_the_one_logprobs_uses() -> None:
