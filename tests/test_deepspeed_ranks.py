@@ -79,6 +79,9 @@ def test_two_ranks_zero2_agree_with_each_other_and_with_one_rank(reference: Path
     assert_same_training(tmp_path, reference)
 
 
+# Slow suite (20 s of `make test`'s 15 min): ZeRO-3 on 2 ranks also trains in the fast suite, through
+# test_trainer.py's two-rank RL run and test_weight_sync.py; this is its exact agreement with one rank.
+@pytest.mark.slow
 def test_two_ranks_zero3_agree_with_one_rank(reference: Path, tmp_path: Path) -> None:
     """Ranks get different numbers of micro-batches and log-prob chunks: the placeholder
     passes and synchronised chunk counts keep ZeRO-3's gathers in step (else: deadlock)."""

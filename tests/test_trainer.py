@@ -246,7 +246,9 @@ def test_ppo_trains_a_critic(world, tiny_policy: Path, tmp_path: Path) -> None:
         assert key in out["last"], key
 
 
-@pytest.mark.parametrize("stage", [2, 3])
+# ZeRO-2 in the slow suite (20 s of `make test`): 2-rank ZeRO-2 updates are checked against one rank in
+# test_deepspeed_ranks.py and its weight sync in test_weight_sync.py; ZeRO-3 runs the whole loop here.
+@pytest.mark.parametrize("stage", [pytest.param(2, marks=pytest.mark.slow), 3])
 def test_train_rl_on_two_ranks(stage: int, world, tiny_policy: Path, tmp_path: Path) -> None:
     """The whole RL loop under the deepspeed launcher: 2 CPU ranks, ZeRO-2 and ZeRO-3
     (weights gathered from shards for the rollout engine), checkpoint and export."""
