@@ -221,8 +221,8 @@ TINY_PRESETS = {
         },
     }
 }
-PAPER_STAGES = ["paper/dvc.yaml:curve", "paper/dvc.yaml:run@grpo-0", "paper/dvc.yaml:run@grpo-no-loss-mask-0",
-                "paper/dvc.yaml:report"]
+PAPER_STAGES = ["paper/dvc.yaml:curve", "paper/dvc.yaml:curve_start", "paper/dvc.yaml:run@grpo-0",
+                "paper/dvc.yaml:run@grpo-no-loss-mask-0", "paper/dvc.yaml:report"]
 
 
 def _artifacts() -> dict[str, list]:
@@ -265,8 +265,8 @@ def test_paper_presets_are_planned_apart_from_the_default_pipeline(repo: Path) -
     from flows.plan import describe, paper_plan
 
     plan = paper_plan(repo)  # what `make paper` prints before it starts
-    assert [p.stage for p in plan] == PAPER_STAGES and [p.steps for p in plan] == [2, 2, 2, 0]
-    assert "4 stage(s) to run" in describe(plan) and "plus 3 run(s) not measured yet" in describe(plan)
+    assert [p.stage for p in plan] == PAPER_STAGES and [p.steps for p in plan] == [2, 0, 2, 2, 0]
+    assert "5 stage(s) to run" in describe(plan) and "plus 3 run(s) not measured yet" in describe(plan)
     shutil.rmtree(repo / "paper")
     sh(["git", "add", "-A"], repo)
     sh(["git", "commit", "-qm", "no paper presets"], repo)
@@ -308,6 +308,7 @@ def test_paper_presets_run_apart_from_the_default_pipeline(repo: Path, prefect_h
     assert "| SFT warm start (no RL) |" in report and "| GRPO |" in report and "0.3877 |" in report
     assert "## Ablations (Table 4 shape)" in report and "| GRPO w/o loss mask | GRPO |" in report and "-0.0155 |" in report
     assert "## Learning curve (validation split)" in report and "- step 2: validation EM" in report
+    assert "- step 0: validation EM" in report  # curve_start: the warm start on the same questions
     for png in ("results", "training", "ablations", "learning_curve"):
         assert (repo / f"paper/reports/{png}.png").read_bytes()[:4] == b"\x89PNG"
     artifacts = _artifacts()
@@ -331,7 +332,8 @@ def test_paper_presets_run_apart_from_the_default_pipeline(repo: Path, prefect_h
     plan = dvc(repo, "repro", "--dry", "paper/dvc.yaml").stdout
     planned = [line for line in plan.splitlines() if line.startswith("Running stage")]
     # (the learning curve runs the grpo preset: its curve is stale too)
-    assert planned == ["Running stage 'paper/dvc.yaml:curve':", "Running stage 'paper/dvc.yaml:run@grpo-0':",
+    assert planned == ["Running stage 'paper/dvc.yaml:curve':", "Running stage 'paper/dvc.yaml:curve_start':",
+                       "Running stage 'paper/dvc.yaml:run@grpo-0':",
                        "Running stage 'paper/dvc.yaml:report':"]
     sh(["git", "checkout", "paper/presets.yaml"], repo)
     # what git holds is enough: without the trained policies and checkpoints (a fresh clone

@@ -114,6 +114,21 @@ def test_training_curves_read_dvclive_files(tmp_path: Path, header: str) -> None
     assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_learning_curve_starts_at_the_starting_models_validation_em(tmp_path: Path) -> None:
+    """dvclive's step k is an eval after k + 1 RL steps; the starting model's EM is step 0."""
+    from agent_r1.stages.report import learning_curve_section
+
+    d = tmp_path / "curve" / "plots" / "metrics" / "eval"
+    d.mkdir(parents=True)
+    (d / "em.tsv").write_text("step\tem\n9\t0.28\n19\t0.32\n")
+    (tmp_path / "start.json").write_text('{"em": 0.31, "f1": 0.4}')
+    section = learning_curve_section(tmp_path / "curve", tmp_path / "c.png", tmp_path / "start.json")
+    assert section[-1].splitlines() == ["- step 0: validation EM 0.310 (the starting model)",
+                                        "- step 10: validation EM 0.280", "- step 20: validation EM 0.320"]
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+    assert learning_curve_section(tmp_path / "curve", tmp_path / "c.png")[-1].startswith("- step 10:")
+
+
 def test_presets_report_has_paper_column_and_ablation_deltas(tmp_path: Path) -> None:
     """A presets report: baselines and the warm start from the shared dir, Table 4 deltas hand-checked."""
     from agent_r1.config import ExperimentConfig
@@ -288,3 +303,16 @@ def test_report_of_seeded_runs_shows_their_mean_and_spread(tmp_path: Path) -> No
     row = next(line for line in text.splitlines() if line.startswith("| grpo | 0.6000"))
     assert row.endswith("| 0.1000 (3 seeds) |")  # mean of 0.5, 0.6, 0.7; their sd is 0.1
     assert "| grpo | SFT warm start (no RL) | 3 / 1 | 20 / 0 | +0.500" in text
+
+
+def test_validation_questions_spread_the_in_training_eval_over_sources() -> None:
+    """The curve's step 0 scores the questions the trainer's in-training evals score."""
+    import pandas as pd
+
+    from agent_r1.evaluation.evaluate import select_questions, validation_questions
+
+    val = pd.DataFrame({"id": [f"q{i}" for i in range(30)], "source": ["a"] * 20 + ["b"] * 10})
+    picked = validation_questions(val, 10, seed=3)
+    assert [q["source"] for q in picked] == ["a"] * 5 + ["b"] * 5
+    assert picked == select_questions(val, 5, 3)
+    assert len(validation_questions(val, 1, seed=3)) == 2  # at least one of each source

@@ -39,6 +39,12 @@ def select_questions(test: pd.DataFrame, per_source: int | None, seed: int) -> l
     return pd.concat(parts).to_dict("records") if parts else []
 
 
+def validation_questions(val: pd.DataFrame, total: int, seed: int) -> list[dict[str, Any]]:
+    """The in-training evals' questions: ``total`` (train.eval_questions) spread evenly over
+    the validation split's sources, at least one of each."""
+    return select_questions(val, max(1, total // max(val["source"].nunique(), 1)), seed)
+
+
 def _chunks(items: list, size: int):
     for i in range(0, len(items), size):
         yield items[i : i + size]

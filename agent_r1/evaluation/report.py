@@ -312,9 +312,10 @@ def training_curves(live_dir: Path, out_png: Path, names: tuple[str, ...] | None
     return experiments
 
 
-def learning_curve(live: Path, out_png: Path) -> list[str]:
+def learning_curve(live: Path, out_png: Path, start_em: float | None = None) -> list[str]:
     """One long run's curves (``live``: its dvclive folder): training reward and validation EM by
-    RL step, and the report's lines on it. The presets' step budget is chosen on this plot."""
+    RL step, and the report's lines on it; ``start_em`` is the validation EM of its starting
+    model, drawn at step 0. The presets' step budget is chosen on this plot."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -325,11 +326,15 @@ def learning_curve(live: Path, out_png: Path) -> list[str]:
     lines = []
     for ax, (metric, title) in zip(axes, panels):
         tsv = live / "plots" / "metrics" / f"{metric}.tsv"
-        if tsv.exists():
-            steps, values = read_curve(tsv)
-            ax.plot([s + 1 for s in steps], values, marker="o", markersize=3)
-            if metric == "eval/em":
-                lines = [f"step {s + 1}: validation EM {v:.3f}" for s, v in zip(steps, values)]
+        steps, values = read_curve(tsv) if tsv.exists() else ([], [])
+        steps = [s + 1 for s in steps]  # dvclive's step k is logged after k + 1 RL steps
+        if metric == "eval/em" and start_em is not None:
+            steps, values = [0, *steps], [start_em, *values]
+        if steps:
+            ax.plot(steps, values, marker="o", markersize=3)
+        if metric == "eval/em":
+            lines = [f"step {s}: validation EM {v:.3f}" + (" (the starting model)" if s == 0 else "")
+                     for s, v in zip(steps, values)]
         ax.set_title(title)
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)

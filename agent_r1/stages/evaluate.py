@@ -2,6 +2,9 @@
 
     python -m agent_r1.stages.evaluate --experiment grpo   # models/trained/grpo
     python -m agent_r1.stages.evaluate --experiment sft    # the warm start itself
+
+With ``--val-questions`` it scores the in-training evals' questions of that validation split
+instead (paper/dvc.yaml's curve_start: the learning curve's step 0).
 """
 
 from __future__ import annotations
@@ -29,13 +32,16 @@ def evaluate(
     test_questions: Path = paths.TEST_QUESTIONS,
     metrics: Path | None = None,
     outcomes: Path | None = None,
+    val_questions: Path | None = None,
 ) -> None:
     """``model`` (default: the experiment's trained policy, or the warm start) scored into
     ``metrics`` (default: <metrics/eval>/<experiment>.json), its per-question results into
-    ``outcomes`` (default: <outcomes>/<experiment>.jsonl)."""
+    ``outcomes`` (default: <outcomes>/<experiment>.jsonl). With ``val_questions``, the questions
+    are the ones a training run's in-training evals score (train.eval_questions of that
+    validation split), not ``test_questions``' eval.questions_per_source."""
     from agent_r1.data.schema import read_questions
     from agent_r1.evaluation.aggregate import aggregate, write_outcomes
-    from agent_r1.evaluation.evaluate import play_policy, select_questions
+    from agent_r1.evaluation.evaluate import play_policy, select_questions, validation_questions
     from agent_r1.retrieval import check_index, load_index
 
     if experiment == SFT:
@@ -45,7 +51,10 @@ def evaluate(
         p, model = experiment_params(params, experiment), model or paths.TRAINED_DIR / experiment
     location = paths.index_location(p.retrieval.index, indexes)
     check_index(location)
-    records = select_questions(read_questions(test_questions), p.eval.questions_per_source, p.eval.seed)
+    if val_questions is not None:
+        records = validation_questions(read_questions(val_questions), p.train.eval_questions, p.eval.seed)
+    else:
+        records = select_questions(read_questions(test_questions), p.eval.questions_per_source, p.eval.seed)
     started = time.monotonic()
     infos = play_policy(model, load_index(location), records, p, experiment)
     result = {**aggregate(infos, experiment), "seconds": round(time.monotonic() - started, 1)}

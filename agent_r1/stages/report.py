@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -28,10 +29,12 @@ def report(
     baseline_outcomes: Path | None = None,
     curve_live: Path | None = None,
     curve_png: Path | None = None,
+    curve_start: Path | None = None,
 ) -> None:
     """The results of ``eval_dir`` (the baselines and the warm start from ``baselines`` when
     given: the paper presets' report reads them from the default pipeline's metrics/eval);
-    with ``curve_live`` (a long run's dvclive folder), its learning curve as ``curve_png``."""
+    with ``curve_live`` (a long run's dvclive folder), its learning curve as ``curve_png``, from
+    the starting model's validation metrics ``curve_start`` when given."""
     from agent_r1.data.schema import read_questions
     from agent_r1.evaluation.report import BASELINE_ORDER, load_outcomes, training_curves, write_report
     from agent_r1.evaluation.runs import run_seeds
@@ -48,7 +51,7 @@ def report(
             "compare runs with `dvc plots diff`.",
         )
     if curve_live is not None and curve_png is not None:
-        extra = (*learning_curve_section(curve_live, curve_png), *extra)
+        extra = (*learning_curve_section(curve_live, curve_png, curve_start), *extra)
     methods = [*BASELINE_ORDER, *params.experiments]
     text = write_report(
         eval_dir, in_domain, out, chart, extra,
@@ -61,11 +64,13 @@ def report(
     print(text)
 
 
-def learning_curve_section(live: Path, png: Path) -> tuple[str, ...]:
-    """The report's learning-curve section: the plot and its validation EMs."""
+def learning_curve_section(live: Path, png: Path, start: Path | None = None) -> tuple[str, ...]:
+    """The report's learning-curve section: the plot and its validation EMs (step 0: ``start``,
+    the starting model's validation metrics, when given)."""
     from agent_r1.evaluation.report import learning_curve
 
-    lines = learning_curve(live, png)
+    start_em = json.loads(start.read_text())["em"] if start is not None else None
+    lines = learning_curve(live, png, start_em)
     return ("## Learning curve (validation split)", f"![learning curve]({png.name})",
             "One long run of the curve's preset from the warm start, scored on the validation split (never "
             "the test split); the presets' step budget (`overrides.train.steps`) is chosen on it.",
