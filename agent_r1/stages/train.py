@@ -74,19 +74,18 @@ def train(
     if launcher is not None:
         relaunch_under_deepspeed(launcher)
 
-    from agent_r1.evaluation.evaluate import select_questions
+    from agent_r1.evaluation.evaluate import validation_questions
     from agent_r1.training.distributed import is_rank0, shutdown_distributed
     from agent_r1.training.trainer import train_rl
 
     init = sft if exp.init == "sft" else policy
-    per_source = max(1, p.train.eval_questions // max(val["source"].nunique(), 1))
     started = time.monotonic()
     summary = train_rl(
         p,
         init_model=init,
         index_path=location,
         train_questions=read_questions(train_questions).to_dict("records"),
-        eval_questions=select_questions(val, per_source, p.eval.seed),
+        eval_questions=validation_questions(val, p.train.eval_questions, p.eval.seed),
         out_model=out or paths.TRAINED_DIR / experiment,
         checkpoint_dir=checkpoints or paths.CHECKPOINT_DIR / experiment,
         live_dir=live or paths.LIVE_DIR / experiment,
