@@ -195,6 +195,11 @@ def write_json(path: str | Path, obj: Any) -> None:
     write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """A JSON-lines file's objects (blank lines skipped)."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
 def write_parquet(path: str | Path, df: pd.DataFrame) -> None:
     with atomic_path(path) as tmp:
         df.to_parquet(tmp, index=False)

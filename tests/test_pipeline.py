@@ -309,6 +309,8 @@ def test_paper_presets_run_apart_from_the_default_pipeline(repo: Path, prefect_h
     assert "## Ablations (Table 4 shape)" in report and "| GRPO w/o loss mask | GRPO |" in report and "-0.0155 |" in report
     assert "## Learning curve (validation split)" in report and "- step 2: validation EM" in report
     assert "- step 0: validation EM" in report  # curve_start: the warm start on the same questions
+    assert "Budget rule (the earliest eval within one standard error of the best)" in report
+    assert "Trained (end of the curve, exported and re-scored" in report  # paired with curve_start
     for png in ("results", "training", "ablations", "learning_curve"):
         assert (repo / f"paper/reports/{png}.png").read_bytes()[:4] == b"\x89PNG"
     artifacts = _artifacts()

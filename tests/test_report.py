@@ -121,12 +121,49 @@ def test_learning_curve_starts_at_the_starting_models_validation_em(tmp_path: Pa
     d = tmp_path / "curve" / "plots" / "metrics" / "eval"
     d.mkdir(parents=True)
     (d / "em.tsv").write_text("step\tem\n9\t0.28\n19\t0.32\n")
-    (tmp_path / "start.json").write_text('{"em": 0.31, "f1": 0.4}')
-    section = learning_curve_section(tmp_path / "curve", tmp_path / "c.png", tmp_path / "start.json")
-    assert section[-1].splitlines() == ["- step 0: validation EM 0.310 (the starting model)",
-                                        "- step 10: validation EM 0.280", "- step 20: validation EM 0.320"]
+    (tmp_path / "start.json").write_text('{"em": 0.31, "f1": 0.4, "n": 100}')
+    section = learning_curve_section(tmp_path / "curve", tmp_path / "c.png", tmp_path / "start.json",
+                                     presets_steps={20})
+    assert section[3].splitlines() == ["- step 0: validation EM 0.310 (the starting model)",
+                                       "- step 10: validation EM 0.280", "- step 20: validation EM 0.320"]
+    # best 0.32, SE 0.0466: step 0 (0.31) is within one SE, so the rule says RL steps buy nothing here
+    assert "so **0 steps**" in section[4] and "not the rule's 0: re-choose" in section[4]
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
     assert learning_curve_section(tmp_path / "curve", tmp_path / "c.png")[-1].startswith("- step 10:")
+
+
+@pytest.mark.parametrize(("points", "step"), [
+    ([(0, 0.32), (10, 0.28), (30, 0.39), (70, 0.49), (80, 0.51)], 70),  # SE 0.050: 0.49 >= 0.46
+    ([(0, 0.32), (10, 0.28), (30, 0.39), (70, 0.45), (80, 0.51)], 80),
+    ([(0, 0.5), (10, 0.45)], 0),
+])
+def test_budget_is_the_earliest_step_within_one_se_of_the_best(points: list, step: int) -> None:
+    from agent_r1.evaluation.report import budget_by_rule
+
+    chosen, best, se = budget_by_rule(points, 100)
+    assert chosen == step and best == max(em for _, em in points)
+    assert se == pytest.approx((best * (1 - best) / 100) ** 0.5)
+
+
+def test_curve_section_pairs_the_trained_policy_with_its_start(tmp_path: Path) -> None:
+    """The end-of-curve evaluation against step 0, question by question (McNemar), and by type."""
+    from agent_r1.stages.report import learning_curve_section, outcomes_beside
+
+    d = tmp_path / "curve" / "plots" / "metrics" / "eval"
+    d.mkdir(parents=True)
+    (d / "em.tsv").write_text("step\tem\n9\t0.4\n19\t0.6\n")
+    for name, right in (("start", {0, 1}), ("end", {0, 1, 2, 3, 4, 5})):
+        rows = [{"id": f"q{i}", "source": "s", "type": "bridge", "em": float(i in right)} for i in range(10)]
+        outcomes_beside(tmp_path / f"{name}.json").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+        em = len(right) / 10
+        (tmp_path / f"{name}.json").write_text(json.dumps(
+            {"em": em, "n": 10, "by_type": {"bridge": {"em": em, "n": 10}}}))
+    section = learning_curve_section(tmp_path / "curve", tmp_path / "c.png", tmp_path / "start.json",
+                                     tmp_path / "end.json", {20})
+    assert "so **20 steps**" in section[4] and "The presets train `overrides.train.steps` = 20." in section[4]
+    # 4 questions only the trained policy got right, none the other way: McNemar p = 2 / 2^4
+    assert "Δ EM +0.400 [" in section[5] and "(4/0)" in section[5] and "p = 0.125" in section[5]
+    assert section[6] == "By question type: bridge 0.20 -> 0.60 (n 10)."
 
 
 def test_presets_report_has_paper_column_and_ablation_deltas(tmp_path: Path) -> None:

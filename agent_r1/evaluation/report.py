@@ -312,10 +312,10 @@ def training_curves(live_dir: Path, out_png: Path, names: tuple[str, ...] | None
     return experiments
 
 
-def learning_curve(live: Path, out_png: Path, start_em: float | None = None) -> list[str]:
+def learning_curve(live: Path, out_png: Path, start_em: float | None = None) -> list[tuple[int, float]]:
     """One long run's curves (``live``: its dvclive folder): training reward and validation EM by
-    RL step, and the report's lines on it; ``start_em`` is the validation EM of its starting
-    model, drawn at step 0. The presets' step budget is chosen on this plot."""
+    RL step, drawn to ``out_png``; returns the validation EM as (RL step, EM) points.
+    ``start_em`` is the validation EM of its starting model, drawn at step 0."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -323,7 +323,7 @@ def learning_curve(live: Path, out_png: Path, start_em: float | None = None) -> 
 
     panels = (("train/reward", "training reward (mean per trajectory)"), ("eval/em", "validation EM (greedy)"))
     fig, axes = plt.subplots(1, len(panels), figsize=(11, 3.6))
-    lines = []
+    points: list[tuple[int, float]] = []
     for ax, (metric, title) in zip(axes, panels):
         tsv = live / "plots" / "metrics" / f"{metric}.tsv"
         steps, values = read_curve(tsv) if tsv.exists() else ([], [])
@@ -333,14 +333,23 @@ def learning_curve(live: Path, out_png: Path, start_em: float | None = None) -> 
         if steps:
             ax.plot(steps, values, marker="o", markersize=3)
         if metric == "eval/em":
-            lines = [f"step {s}: validation EM {v:.3f}" + (" (the starting model)" if s == 0 else "")
-                     for s, v in zip(steps, values)]
+            points = list(zip(steps, values))
         ax.set_title(title)
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)
     fig.tight_layout()
     save_png(fig, out_png, dpi=110)
-    return lines
+    return points
+
+
+def budget_by_rule(points: list[tuple[int, float]], n: int) -> tuple[int, float, float]:
+    """The step budget read off a validation curve: the earliest step whose EM is within one
+    standard error of the best, SE = sqrt(best (1 - best) / n) for ``n`` questions (the
+    one-standard-error rule: no more steps than the curve can tell apart from the best).
+    ``points``: (RL step, EM), non-empty. Returns (that step, the best EM, SE)."""
+    best = max(em for _, em in points)
+    se = math.sqrt(best * (1 - best) / n)
+    return min(step for step, em in points if em >= best - se - 1e-12), best, se
 
 
 def behaviour_table(results: dict[str, dict], names: dict[str, str]) -> str:

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from agent_r1.io import read_jsonl
 from agent_r1.paths import seeded
 
 # Metrics a row averages over its runs; the rest (n, method) are the same in every run.
@@ -64,8 +65,7 @@ def load_metrics(folder: Path, name: str, seeds: list[int] | None = None) -> dic
 
 def load_outcome_runs(folder: Path, name: str, seeds: list[int] | None = None) -> list[list[dict[str, Any]]]:
     """``name``'s per-question rows, one list per run (empty when it has none)."""
-    return [[json.loads(line) for line in f.read_text().splitlines() if line.strip()]
-            for f in run_files(folder, name, ".jsonl", seeds)]
+    return [read_jsonl(f) for f in run_files(folder, name, ".jsonl", seeds)]
 
 
 def spread(r: dict[str, Any]) -> str:

@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 
 from agent_r1 import paths
-from agent_r1.config import Params
+from agent_r1.config import Params, experiment_params
 from agent_r1.stages.common import run_stage
 
 log = logging.getLogger(__name__)
@@ -30,11 +30,13 @@ def report(
     curve_live: Path | None = None,
     curve_png: Path | None = None,
     curve_start: Path | None = None,
+    curve_end: Path | None = None,
 ) -> None:
     """The results of ``eval_dir`` (the baselines and the warm start from ``baselines`` when
     given: the paper presets' report reads them from the default pipeline's metrics/eval);
     with ``curve_live`` (a long run's dvclive folder), its learning curve as ``curve_png``, from
-    the starting model's validation metrics ``curve_start`` when given."""
+    the starting model's validation metrics ``curve_start`` and the trained one's ``curve_end``
+    when given."""
     from agent_r1.data.schema import read_questions
     from agent_r1.evaluation.report import BASELINE_ORDER, load_outcomes, training_curves, write_report
     from agent_r1.evaluation.runs import run_seeds
@@ -51,7 +53,8 @@ def report(
             "compare runs with `dvc plots diff`.",
         )
     if curve_live is not None and curve_png is not None:
-        extra = (*learning_curve_section(curve_live, curve_png, curve_start), *extra)
+        budgets = {experiment_params(params, name).train.steps for name in params.experiments}
+        extra = (*learning_curve_section(curve_live, curve_png, curve_start, curve_end, budgets), *extra)
     methods = [*BASELINE_ORDER, *params.experiments]
     text = write_report(
         eval_dir, in_domain, out, chart, extra,
@@ -64,17 +67,65 @@ def report(
     print(text)
 
 
-def learning_curve_section(live: Path, png: Path, start: Path | None = None) -> tuple[str, ...]:
+def outcomes_beside(metrics: Path) -> Path:
+    """Where paper/dvc.yaml has an evaluation of the curve write its per-question outcomes:
+    ``X.json`` -> ``X.outcomes.jsonl``."""
+    return metrics.with_name(f"{metrics.stem}.outcomes.jsonl")
+
+
+def curve_budget_line(points: list[tuple[int, float]], n: int, presets_steps: set[int]) -> str:
+    """The budget the one-SE rule reads off the curve, beside the one the presets train."""
+    from agent_r1.evaluation.report import budget_by_rule
+
+    step, best, se = budget_by_rule(points, n)
+    at = min(s for s, em in points if em == best)
+    line = (f"Budget rule (the earliest eval within one standard error of the best): best validation EM "
+            f"{best:.3f} at step {at}, SE {se:.3f} (n = {n}), so **{step} steps**. ")
+    if presets_steps == {step}:
+        return line + f"The presets train `overrides.train.steps` = {step}."
+    have = ", ".join(str(x) for x in sorted(presets_steps))
+    return line + f"The presets train {have} steps, not the rule's {step}: re-choose `overrides.train.steps`."
+
+
+def curve_paired_lines(start: Path, end: Path) -> list[str]:
+    """The curve's trained policy (re-scored after export) against its starting model, question by
+    question on the same validation questions: the paired difference, and EM by question type."""
+    from agent_r1.evaluation.paired import describe, paired_em
+    from agent_r1.io import read_jsonl
+
+    before, after = read_jsonl(outcomes_beside(start)), read_jsonl(outcomes_beside(end))
+    delta, p = describe(paired_em(after, before))
+    first, last = json.loads(start.read_text()), json.loads(end.read_text())
+    types = ", ".join(f"{t} {first['by_type'][t]['em']:.2f} -> {last['by_type'][t]['em']:.2f} (n {v['n']})"
+                      for t, v in sorted(last["by_type"].items()) if t in first["by_type"])
+    return [f"Trained (end of the curve, exported and re-scored: EM {last['em']:.3f}) minus the starting model "
+            f"(EM {first['em']:.3f}) on the same {last['n']} validation questions: Δ EM {delta} "
+            f"(questions only it / only the start got right), McNemar's exact p = {p}.",
+            f"By question type: {types}."]
+
+
+def learning_curve_section(
+    live: Path, png: Path, start: Path | None = None, end: Path | None = None,
+    presets_steps: set[int] = frozenset(),
+) -> tuple[str, ...]:
     """The report's learning-curve section: the plot and its validation EMs (step 0: ``start``,
-    the starting model's validation metrics, when given)."""
+    the starting model's validation metrics), the step budget the one-SE rule picks on it
+    against ``presets_steps`` (the steps the presets train), and, with ``end`` (the trained
+    policy's validation metrics), the paired trained-vs-start comparison."""
     from agent_r1.evaluation.report import learning_curve
 
     start_em = json.loads(start.read_text())["em"] if start is not None else None
-    lines = learning_curve(live, png, start_em)
-    return ("## Learning curve (validation split)", f"![learning curve]({png.name})",
-            "One long run of the curve's preset from the warm start, scored on the validation split (never "
-            "the test split); the presets' step budget (`overrides.train.steps`) is chosen on it.",
-            "\n".join(f"- {line}" for line in lines) or "(no validation evals logged yet)")
+    points = learning_curve(live, png, start_em)
+    lines = [f"step {s}: validation EM {v:.3f}" + (" (the starting model)" if s == 0 else "") for s, v in points]
+    section = ["## Learning curve (validation split)", f"![learning curve]({png.name})",
+               "One long run of the curve's preset from the warm start, scored on the validation split (never "
+               "the test split); the presets' step budget (`overrides.train.steps`) is chosen on it.",
+               "\n".join(f"- {line}" for line in lines) or "(no validation evals logged yet)"]
+    if points and start is not None:
+        section.append(curve_budget_line(points, json.loads(start.read_text())["n"], presets_steps))
+    if start is not None and end is not None and end.exists():
+        section.extend(curve_paired_lines(start, end))
+    return tuple(section)
 
 
 if __name__ == "__main__":
