@@ -353,3 +353,10 @@ def test_validation_questions_spread_the_in_training_eval_over_sources() -> None
     assert [q["source"] for q in picked] == ["a"] * 5 + ["b"] * 5
     assert picked == select_questions(val, 5, 3)
     assert len(validation_questions(val, 1, seed=3)) == 2  # at least one of each source
+
+
+def test_rolling_mean_averages_each_value_with_the_ones_before_it() -> None:
+    from agent_r1.evaluation.report import rolling_mean
+
+    assert rolling_mean([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+    assert rolling_mean([2.0, 4.0], 10) == [2.0, 3.0]

@@ -312,28 +312,49 @@ def training_curves(live_dir: Path, out_png: Path, names: tuple[str, ...] | None
     return experiments
 
 
-def learning_curve(live: Path, out_png: Path, start_em: float | None = None) -> list[tuple[int, float]]:
-    """One long run's curves (``live``: its dvclive folder): training reward and validation EM by
-    RL step, drawn to ``out_png``; returns the validation EM as (RL step, EM) points.
-    ``start_em`` is the validation EM of its starting model, drawn at step 0."""
+def curve_points(live: Path, metric: str) -> list[tuple[int, float]]:
+    """A dvclive metric of one run as (RL step, value): dvclive's step k is logged after k + 1 RL steps."""
+    tsv = live / "plots" / "metrics" / f"{metric}.tsv"
+    steps, values = read_curve(tsv) if tsv.exists() else ([], [])
+    return [(s + 1, v) for s, v in zip(steps, values)]
+
+
+def rolling_mean(values: list[float], window: int) -> list[float]:
+    """The mean of each value and the ``window - 1`` before it (fewer at the start)."""
+    return [sum(values[max(0, i + 1 - window) : i + 1]) / (i + 1 - max(0, i + 1 - window)) for i in range(len(values))]
+
+
+def learning_curve(
+    live: Path, out_png: Path, start_em: float | None = None, n: int | None = None
+) -> list[tuple[int, float]]:
+    """One long run's curves (``live``: its dvclive folder) drawn to ``out_png``: training reward by
+    RL step (with its 10-step rolling mean: one step's few questions make it noisy) and validation
+    EM, from ``start_em`` (the starting model's) at step 0; with ``n`` (validation questions),
+    ±1 binomial SE bars and the budget :func:`budget_by_rule` reads off it. Returns the
+    validation EM as (RL step, EM) points."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = (("train/reward", "training reward (mean per trajectory)"), ("eval/em", "validation EM (greedy)"))
-    fig, axes = plt.subplots(1, len(panels), figsize=(11, 3.6))
-    points: list[tuple[int, float]] = []
-    for ax, (metric, title) in zip(axes, panels):
-        tsv = live / "plots" / "metrics" / f"{metric}.tsv"
-        steps, values = read_curve(tsv) if tsv.exists() else ([], [])
-        steps = [s + 1 for s in steps]  # dvclive's step k is logged after k + 1 RL steps
-        if metric == "eval/em" and start_em is not None:
-            steps, values = [0, *steps], [start_em, *values]
-        if steps:
-            ax.plot(steps, values, marker="o", markersize=3)
-        if metric == "eval/em":
-            points = list(zip(steps, values))
+    fig, (ax_r, ax_em) = plt.subplots(1, 2, figsize=(11, 3.6))
+    reward = curve_points(live, "train/reward")
+    if reward:
+        steps, values = zip(*reward)
+        ax_r.plot(steps, values, marker="o", markersize=2, linewidth=0.6, alpha=0.35, label="per step")
+        ax_r.plot(steps, rolling_mean(list(values), 10), linewidth=2, label="10-step mean")
+        ax_r.legend(fontsize=8)
+    points = ([(0, start_em)] if start_em is not None else []) + curve_points(live, "eval/em")
+    if points:
+        steps, values = zip(*points)
+        se = [math.sqrt(v * (1 - v) / n) for v in values] if n else None
+        ax_em.errorbar(steps, values, yerr=se, marker="o", markersize=3, capsize=2)
+        if n:
+            budget = budget_by_rule(points, n)[0]
+            ax_em.axvline(budget, linestyle="--", color="gray", linewidth=1)
+            ax_em.annotate(f"budget: {budget} steps", (budget, min(values)), fontsize=8, xytext=(4, 0),
+                           textcoords="offset points")
+    for ax, title in ((ax_r, "training reward (mean per trajectory)"), (ax_em, "validation EM (greedy, ±1 SE)")):
         ax.set_title(title)
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)

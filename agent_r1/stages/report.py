@@ -99,8 +99,8 @@ def curve_paired_lines(start: Path, end: Path) -> list[str]:
     types = ", ".join(f"{t} {first['by_type'][t]['em']:.2f} -> {last['by_type'][t]['em']:.2f} (n {v['n']})"
                       for t, v in sorted(last["by_type"].items()) if t in first["by_type"])
     return [f"Trained (end of the curve, exported and re-scored: EM {last['em']:.3f}) minus the starting model "
-            f"(EM {first['em']:.3f}) on the same {last['n']} validation questions: Δ EM {delta} "
-            f"(questions only it / only the start got right), McNemar's exact p = {p}.",
+            f"(EM {first['em']:.3f}) on the same {last['n']} validation questions: Δ EM {delta}; "
+            f"in parentheses, the questions only it / only the start got right; McNemar's exact p = {p}.",
             f"By question type: {types}."]
 
 
@@ -114,15 +114,15 @@ def learning_curve_section(
     policy's validation metrics), the paired trained-vs-start comparison."""
     from agent_r1.evaluation.report import learning_curve
 
-    start_em = json.loads(start.read_text())["em"] if start is not None else None
-    points = learning_curve(live, png, start_em)
+    first = json.loads(start.read_text()) if start is not None else {}
+    points = learning_curve(live, png, first.get("em"), first.get("n"))
     lines = [f"step {s}: validation EM {v:.3f}" + (" (the starting model)" if s == 0 else "") for s, v in points]
     section = ["## Learning curve (validation split)", f"![learning curve]({png.name})",
                "One long run of the curve's preset from the warm start, scored on the validation split (never "
                "the test split); the presets' step budget (`overrides.train.steps`) is chosen on it.",
                "\n".join(f"- {line}" for line in lines) or "(no validation evals logged yet)"]
-    if points and start is not None:
-        section.append(curve_budget_line(points, json.loads(start.read_text())["n"], presets_steps))
+    if points and first:
+        section.append(curve_budget_line(points, first["n"], presets_steps))
     if start is not None and end is not None and end.exists():
         section.extend(curve_paired_lines(start, end))
     return tuple(section)
