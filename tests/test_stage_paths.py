@@ -69,8 +69,9 @@ def test_training_stages_are_found_with_their_steps_and_curves() -> None:
     from tasks.dvc_stage import training_target
 
     assert training_target("train@grpo", ROOT) == (10, ROOT / "dvclive" / "grpo", "grpo")
+    budget = yaml.safe_load((ROOT / "paper" / "presets.yaml").read_text())["overrides"]["train"]["steps"]
     assert training_target("paper/dvc.yaml:run@grpo-no-loss-mask-2", ROOT) == (
-        10, ROOT / "paper" / "dvclive" / "grpo-no-loss-mask.seed2", "grpo-no-loss-mask")
+        budget, ROOT / "paper" / "dvclive" / "grpo-no-loss-mask.seed2", "grpo-no-loss-mask")
     assert training_target("paper/dvc.yaml:extra@grpo-step-last1-0", ROOT)[1].name == "grpo-step-last1.seed0"
     assert training_target("paper/dvc.yaml:curve", ROOT) == (100, ROOT / "paper" / "dvclive" / "curve", "grpo")
     assert training_target("index", ROOT) is None and training_target("paper/dvc.yaml:report", ROOT) is None
