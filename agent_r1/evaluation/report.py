@@ -321,7 +321,11 @@ def curve_points(live: Path, metric: str) -> list[tuple[int, float]]:
 
 def rolling_mean(values: list[float], window: int) -> list[float]:
     """The mean of each value and the ``window - 1`` before it (fewer at the start)."""
-    return [sum(values[max(0, i + 1 - window) : i + 1]) / (i + 1 - max(0, i + 1 - window)) for i in range(len(values))]
+    means = []
+    for i in range(len(values)):
+        last = values[max(0, i + 1 - window) : i + 1]
+        means.append(sum(last) / len(last))
+    return means
 
 
 def learning_curve(
