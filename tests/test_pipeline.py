@@ -171,7 +171,7 @@ def test_dvc_repro_is_noop_then_top_k_reruns_only_index(repo: Path) -> None:
 
 
 def test_a_clone_pulls_the_results_from_a_dvc_remote_and_finds_them_up_to_date(repo: Path, tmp_path: Path) -> None:
-    """Results travel through a DVC remote (here a local folder; README, "Sharing results"):
+    """Results travel through a DVC remote (here a local folder; README, "Results that travel between machines"):
     a fresh clone that pulls needs to rebuild nothing, though the checkpoints stayed behind."""
     if not (repo / "dvc.lock").exists():
         dvc(repo, "repro")

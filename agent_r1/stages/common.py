@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -51,12 +52,31 @@ def stage_parser(
     return parser, add_path_arguments(parser, body)
 
 
+# The settings under which a stage's floating point comes out the same on every x86-64 CPU
+# model, Intel or AMD, AVX2 or AVX-512 (with the same number of threads): PyTorch's own
+# kernels at one vector width, MKL's GEMM on the one branch its vendor documents as
+# identical across vendors (SSE2; the AVX2 branch is Intel-only), oneDNN capped to match.
+# Only for the stages whose outputs everything downstream is keyed on (the indexes, the
+# warm start): the slow GEMM costs them ~3-4x in model time, and their bytes then stay
+# the same when the pipeline is rebuilt on another machine. Costs in the README.
+PORTABLE_CPU_NUMERICS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
+def pin_portable_numerics() -> None:
+    """Set :data:`PORTABLE_CPU_NUMERICS` for this process; before torch is imported, as
+    PyTorch and MKL read them once, at their first use."""
+    if "torch" in sys.modules:
+        raise RuntimeError("pin_portable_numerics() must run before torch is imported")
+    os.environ.update(PORTABLE_CPU_NUMERICS)
+
+
 def run_stage(
     name: str,
     body: Callable[..., None],
     argv: list[str] | None = None,
     experiment_arg: bool = False,
     extra_experiments: tuple[str, ...] = (),
+    portable_numerics: bool = False,
 ) -> None:
     """Validate params (fail fast, naming the key), then run ``body(params, **paths)``,
     or ``body(params, experiment, **paths)`` for the per-experiment stages, ``paths``
@@ -64,7 +84,10 @@ def run_stage(
 
     Exit code 2 on bad params, or on input data that breaks the schema, so
     DVC/Prefect report the stage as failed without a traceback burying the message.
+    ``portable_numerics``: :func:`pin_portable_numerics` first.
     """
+    if portable_numerics:
+        pin_portable_numerics()
     parser, path_names = stage_parser(name, body, experiment_arg)
     args = parser.parse_args(argv)
     logging.basicConfig(

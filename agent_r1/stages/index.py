@@ -47,4 +47,4 @@ def index(
 
 
 if __name__ == "__main__":
-    run_stage("index", index)
+    run_stage("index", index, portable_numerics=True)  # downstream is keyed on its bytes

@@ -53,4 +53,4 @@ def sft(
 
 
 if __name__ == "__main__":
-    run_stage("sft", sft)
+    run_stage("sft", sft, portable_numerics=True)  # downstream is keyed on its bytes

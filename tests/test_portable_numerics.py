@@ -1,0 +1,57 @@
+"""The index and sft stages pin their CPU numerics so their outputs have the same bytes on any
+x86-64 CPU model (agent_r1.stages.common.PORTABLE_CPU_NUMERICS): the settings are honoured,
+the right stages use them, and (slow, under qemu) another vendor's CPU gets the same weights."""
+
+from __future__ import annotations
+
+import platform
+import runpy
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent_r1.stages import common
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.portable_numerics import run_worker, settings  # noqa: E402
+
+x86_only = pytest.mark.skipif(platform.machine() != "x86_64", reason="the pinned settings are x86-64's")
+
+
+@pytest.mark.parametrize("module, pinned", [("index", True), ("sft", True), ("train", False), ("evaluate", False)])
+def test_the_stages_downstream_is_keyed_on_pin_their_numerics(
+    module: str, pinned: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[dict] = []
+    monkeypatch.setattr(common, "run_stage", lambda *a, **kw: calls.append(kw))
+    runpy.run_module(f"agent_r1.stages.{module}", run_name="__main__")
+    assert calls and calls[0].get("portable_numerics", False) is pinned
+
+
+def test_pinning_after_torch_is_imported_is_refused() -> None:
+    import torch  # noqa: F401  (PyTorch has read its settings by now)
+
+    with pytest.raises(RuntimeError, match="before torch is imported"):
+        common.pin_portable_numerics()
+
+
+@x86_only
+def test_the_pinned_settings_change_the_kernels_taken() -> None:
+    """Not ignored: PyTorch reports the pinned vector width, and the weights after the same
+    step differ from the unpinned ones (this CPU's widest kernels)."""
+    default = run_worker(settings()["default"], None)
+    portable = run_worker(settings()["portable"], None)
+    assert portable["capability"] == "AVX2"
+    assert portable["sha256"] != default["sha256"]
+
+
+@pytest.mark.slow
+@x86_only
+@pytest.mark.skipif(shutil.which("qemu-x86_64") is None, reason="needs qemu-x86_64 (Debian: qemu-user)")
+def test_an_amd_cpu_gets_the_same_weights_under_the_pinned_settings() -> None:
+    """Emulating an AMD EPYC (AVX2, no AVX-512): the portable setting's weights equal this CPU's."""
+    amd, here = (run_worker(settings()["portable"], cpu) for cpu in ("EPYC-Milan", None))
+    assert (amd["capability"], amd["sha256"]) == (here["capability"], here["sha256"])
