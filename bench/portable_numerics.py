@@ -10,8 +10,8 @@ path they would take on that CPU; the arithmetic itself is IEEE either way.
 
 Each setting is run on every CPU; a setting is portable when all its hashes agree. The
 default setting should differ across CPUs (else the check shows nothing), the portable
-one should not. ``--cost`` also times the step on the real policy (``models/policy``)
-with and without the pinning, natively: what the pinned stages pay.
+one should not. Unless ``--no-cost``, it also times the step on the real policy
+(``models/policy``) with and without the pinning, natively: what the pinned stages pay.
 
     .venv/bin/python bench/portable_numerics.py [--cpus EPYC-Milan Haswell-v4 ...] [--no-cost]
 
@@ -34,7 +34,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-# Each with a vendor and widest vector ISA this bench's machines lack or have.
 DEFAULT_CPUS = ("EPYC-Milan",)  # AMD Zen 3: another vendor, AVX2 and no AVX-512
 RESULT = REPO / "bench" / "results" / "portable_numerics.json"
 
@@ -91,10 +90,8 @@ def hashes(cpus: list[str]) -> dict[str, dict[str, dict]]:
     for name, env in settings().items():
         table[name] = {}
         for cpu in [None, *cpus]:
-            label = cpu or "native"
-            table[name][label] = run_worker(env, cpu)
-            print(f"  {name:>20} on {label:<12} {table[name][label]['capability']:<7} "
-                  f"{table[name][label]['sha256']}", flush=True)
+            r = table[name][cpu or "native"] = run_worker(env, cpu)
+            print(f"  {name:>20} on {cpu or 'native':<12} {r['capability']:<7} {r['sha256']}", flush=True)
     return table
 
 
