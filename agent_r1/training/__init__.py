@@ -1,9 +1,5 @@
 """DeepSpeed training infrastructure: engines, models, token log-probs, checkpoints.
 
-Importing this package sets ``DS_ACCELERATOR=cpu`` when there is no CUDA
-device, before deepspeed is imported (see :mod:`agent_r1.training.distributed`).
+Importing it has no side effect: deepspeed is imported inside the functions that
+need it, right after :func:`agent_r1.accelerator.select_accelerator`.
 """
-
-from agent_r1.training.distributed import select_accelerator
-
-select_accelerator()

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from agent_r1.accelerator import select_accelerator
 from agent_r1.io import atomic_dir, atomic_path, fsync_path, fsync_tree, write_json
 from agent_r1.training.distributed import barrier, is_rank0
 from agent_r1.training.engines import bucket_elements, unwrap
@@ -235,7 +236,7 @@ def gathered_weight_buckets(engine: Any, max_elements: int | None = None) -> Ite
     buffers are not partitioned and come as they are (as in the consolidated
     state dict). Without ZeRO-3 the buckets are the module's own tensors.
     """
-    # here: on top, import sorting would put it before engines, which must pick the accelerator first
+    select_accelerator()  # before deepspeed's first import: it picks its accelerator then
     import deepspeed
 
     tensors = _distinct_tensors(unwrap(engine))

@@ -3,10 +3,10 @@
 
 DeepSpeed picks its accelerator the first time it is imported, so
 ``DS_ACCELERATOR=cpu`` must be in the environment *before* ``import deepspeed``.
-This module therefore never imports deepspeed at module level, and sets the
-variable on import (it is imported by :mod:`agent_r1.training` before anything
-that touches deepspeed). A plain ``python script.py`` gets a one-rank world
-on a free local port; the launcher's ``RANK``/``WORLD_SIZE``/... are respected.
+This module therefore imports deepspeed only inside its functions, each time
+right after :func:`~agent_r1.accelerator.select_accelerator`. A plain
+``python script.py`` gets a one-rank world on a free local port; the
+launcher's ``RANK``/``WORLD_SIZE``/... are respected.
 """
 
 from __future__ import annotations
@@ -19,21 +19,9 @@ from pathlib import Path
 
 import torch
 
+from agent_r1.accelerator import on_cpu, select_accelerator
+
 log = logging.getLogger(__name__)
-
-
-def select_accelerator() -> str:
-    """Set ``DS_ACCELERATOR=cpu`` when there is no CUDA device; return the accelerator name.
-
-    An explicit ``DS_ACCELERATOR`` from the user wins. Called on import of this
-    module so that any later ``import deepspeed`` sees it.
-    """
-    if "DS_ACCELERATOR" not in os.environ and not torch.cuda.is_available():
-        os.environ["DS_ACCELERATOR"] = "cpu"
-    return os.environ.get("DS_ACCELERATOR", "cuda")
-
-
-select_accelerator()
 
 
 def free_port() -> int:
@@ -41,10 +29,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def on_cpu() -> bool:
-    return select_accelerator() == "cpu"
 
 
 def _remove_shm_buffer(addr: str, port: str, rank: str) -> None:
@@ -65,7 +49,8 @@ def init_distributed() -> tuple[int, int]:
     127.0.0.1 on a free port, RANK=0, WORLD_SIZE=1, LOCAL_RANK=0). The backend is
     gloo on CPU, nccl on CUDA.
     """
-    import deepspeed  # after select_accelerator(): see the module docstring
+    select_accelerator()  # before deepspeed's first import: see the module docstring
+    import deepspeed
     import deepspeed.comm as dist
 
     if "RANK" not in os.environ:
@@ -85,12 +70,14 @@ def init_distributed() -> tuple[int, int]:
 
 
 def is_rank0() -> bool:
+    select_accelerator()
     import deepspeed.comm as dist
 
     return not dist.is_initialized() or dist.get_rank() == 0
 
 
 def barrier() -> None:
+    select_accelerator()
     import deepspeed.comm as dist
 
     if dist.is_initialized():
@@ -108,10 +95,3 @@ def shutdown_distributed() -> None:
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
-
-
-def device() -> torch.device:
-    """The device this rank computes on (``cpu``, or ``cuda:LOCAL_RANK``)."""
-    if on_cpu():
-        return torch.device("cpu")
-    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))

@@ -24,19 +24,19 @@ never ``engine.module``: DeepSpeed's per-micro-batch bookkeeping runs there.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+from agent_r1.accelerator import select_accelerator
 from agent_r1.config import TrainConfig
-from agent_r1.training.distributed import init_distributed, select_accelerator
+from agent_r1.training.buckets import BUCKET_ALIGN, DEFAULT_BUCKET, DEFAULT_PREFETCH_BUCKET, bucket_elements  # noqa: F401
+from agent_r1.training.distributed import init_distributed
+from agent_r1.training.logprobs import LogprobModel, unwrap_engine, use_packed_attention
 
-select_accelerator()  # before deepspeed is imported (it picks the accelerator on import)
-import deepspeed  # noqa: E402
-
-from agent_r1.training.buckets import BUCKET_ALIGN, DEFAULT_BUCKET, DEFAULT_PREFETCH_BUCKET, bucket_elements  # noqa: E402,F401
-from agent_r1.training.logprobs import LogprobModel, unwrap_engine, use_packed_attention  # noqa: E402
+if TYPE_CHECKING:
+    import deepspeed
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +134,9 @@ def make_engine(model: nn.Module, cfg: TrainConfig, lr: float) -> deepspeed.Deep
     optimizer = torch.optim.AdamW(
         optimizer_groups(model, cfg.weight_decay), lr=lr, betas=(0.9, 0.999), eps=1e-8, fused=True
     )
+    select_accelerator()  # before deepspeed's first import: it picks its accelerator then
+    import deepspeed
+
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(cfg, lr, world_size=world, model=model))
     return engine
 
@@ -148,6 +151,9 @@ def make_reference(model: nn.Module, cfg: TrainConfig) -> deepspeed.DeepSpeedEng
     _, world = init_distributed()
     model = _as_engine_module(model)
     model.requires_grad_(False)
+    select_accelerator()  # before deepspeed's first import: it picks its accelerator then
+    import deepspeed
+
     engine, *_ = deepspeed.initialize(model=model, config=ds_config(cfg, 0.0, world_size=world, train=False, model=model))
     engine.eval()
     return engine

@@ -20,13 +20,11 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from agent_r1.training.distributed import select_accelerator
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-select_accelerator()
-import deepspeed  # noqa: E402
-from transformers import AttentionInterface  # noqa: E402
-from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask  # noqa: E402
+from agent_r1.accelerator import select_accelerator
 
 PACKED_ATTENTION = "agent_r1_packed"
 
@@ -371,4 +369,7 @@ def _plan(
 
 def unwrap_engine(model: nn.Module) -> nn.Module:
     """The module a DeepSpeed engine runs (or ``model`` itself)."""
+    select_accelerator()  # before deepspeed's first import: it picks its accelerator then
+    import deepspeed
+
     return model.module if isinstance(model, deepspeed.DeepSpeedEngine) else model

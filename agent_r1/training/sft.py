@@ -21,11 +21,11 @@ from typing import Any
 
 import torch
 
+from agent_r1.accelerator import device
 from agent_r1.algorithms.losses import aggregate
 from agent_r1.config import Params
 from agent_r1.rollout.trajectory import TrajectoryBatch
 from agent_r1.training.checkpoint import export_hf
-from agent_r1.training.distributed import device
 from agent_r1.training.engines import make_engine
 from agent_r1.training.expert import ExpertEngine, expert_plan
 from agent_r1.training.logprobs import micro_batches, select_rows

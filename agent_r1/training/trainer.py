@@ -52,6 +52,7 @@ import torch
 
 import agent_r1
 
+from agent_r1.accelerator import device
 from agent_r1.algorithms import compute_advantages, kl, loss_mask, policy_loss, value_loss
 from agent_r1.algorithms.losses import aggregate
 from agent_r1.algorithms.masking import spread_to_observations
@@ -69,7 +70,7 @@ from agent_r1.training.checkpoint import (
     read_latest,
     save_checkpoint,
 )
-from agent_r1.training.distributed import barrier, device, init_distributed, is_rank0
+from agent_r1.training.distributed import barrier, init_distributed, is_rank0
 from agent_r1.training.engines import make_engine, make_reference, unwrap
 from agent_r1.training.logprobs import (
     batched_token_logprobs,
