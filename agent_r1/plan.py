@@ -36,7 +36,7 @@ from pydantic import BaseModel
 from agent_r1 import paths
 from agent_r1.config import Params, experiment_params
 from agent_r1.registry import ESTIMATORS
-from agent_r1.rollout.vllm_engine import check_kv_cache, kv_bytes_per_token
+from agent_r1.rollout.vllm_setup import check_kv_cache, kv_bytes_per_token
 from agent_r1.training.buckets import DEFAULT_PREFETCH_BUCKET, bucket_elements
 
 GiB = 1 << 30

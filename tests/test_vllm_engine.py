@@ -50,7 +50,7 @@ def test_vllm_params_are_checked_with_the_key_named() -> None:
     from types import SimpleNamespace
 
     from agent_r1.config import Params
-    from agent_r1.rollout.vllm_engine import check_kv_cache, resolve_num_threads, usable_cores
+    from agent_r1.rollout.vllm_setup import check_kv_cache, resolve_num_threads, usable_cores
 
     assert resolve_num_threads(None) == usable_cores() == len(os.sched_getaffinity(0))
     assert resolve_num_threads(1) == 1

@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from agent_r1.rollout.engine import TransformersEngine
+from agent_r1.rollout.transformers_engine import TransformersEngine
 from agent_r1.training.distributed import free_port
 from tasks.dvc_stage import DISTRIBUTED_VARS
 

@@ -1,18 +1,22 @@
-"""Rollouts: generation engines and the multi-turn loop that produces a TrajectoryBatch
-(flat: one row per episode) or its StepBatch (one row per step, :mod:`agent_r1.rollout.steps`).
+"""Rollouts: inference engines and the scheduler that plays multi-turn episodes into a
+TrajectoryBatch (flat: one row per episode) or its StepBatch (one row per step,
+:mod:`agent_r1.rollout.steps`).
 
-Engines are imported lazily by their users' choice (``TransformersEngine``
-loads transformers; ``VLLMEngine`` loads vLLM, an optional dependency), so
-importing this package stays cheap. :func:`make_rollout_engine` picks one by
-``rollout.engine``.
+The scheduler (:func:`run_episodes`, :mod:`agent_r1.rollout.scheduler`) owns the
+episodes and the env; an engine (:class:`GenerationEngine`,
+:mod:`agent_r1.rollout.engine`) only generates and loads weights. Engines load
+their libraries when built (``TransformersEngine`` transformers, ``VLLMEngine``
+vLLM, an optional dependency), so importing this package stays cheap.
+:func:`make_rollout_engine` picks one by ``rollout.engine``.
 """
 
 from pathlib import Path
 
-from agent_r1.rollout.engine import GenerationEngine, GenerationOutput, TransformersEngine
-from agent_r1.rollout.loop import run_episodes
+from agent_r1.rollout.engine import GenerationEngine, GenerationOutput, TurnSession, TurnSettings
+from agent_r1.rollout.scheduler import run_episodes
 from agent_r1.rollout.steps import Step, StepBatch, broadcast_to_actions, episode_step_matrix, steps_from_trajectories
 from agent_r1.rollout.trajectory import TrajectoryBatch
+from agent_r1.rollout.transformers_engine import TransformersEngine
 
 __all__ = [
     "GenerationEngine",
@@ -21,6 +25,8 @@ __all__ = [
     "StepBatch",
     "TransformersEngine",
     "TrajectoryBatch",
+    "TurnSession",
+    "TurnSettings",
     "broadcast_to_actions",
     "episode_step_matrix",
     "make_rollout_engine",

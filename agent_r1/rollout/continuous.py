@@ -1,6 +1,8 @@
 """Continuous batching for multi-turn episodes, with each episode's KV cache kept across turns.
 
-The per-turn path (:func:`agent_r1.rollout.engine.run_turns_synchronously`)
+:class:`ContinuousSession` is the turn session of the transformers engine
+(:meth:`~agent_r1.rollout.transformers_engine.TransformersEngine.open_turns`).
+The per-turn session (:class:`agent_r1.rollout.engine.TurnByTurnSession`)
 hands the engine every episode's whole history on every turn, so the prompt,
 earlier actions and observations are prefilled again turn after turn, and a
 turn waits for its slowest episode. Here an episode is a *slot*:
@@ -11,8 +13,8 @@ turn waits for its slowest episode. Here an episode is a *slot*:
 * the first prompts are deduplicated (the ``n`` samples of a question share one
   prompt) and their common prefix (system prompt, one-shot example) is run
   once, so a group's prompt is prefilled once;
-* when the loop replaces an episode's context (a :class:`NewContext`: older
-  observations shortened), its cache is cut to the prefix the new context
+* when the scheduler replaces an episode's context (older observations
+  shortened, ``env.context``), its cache is cut to the prefix the new context
   shares with the old one and the rest is prefilled;
 * rows leave the running batch as their turn ends, and waiting episodes
   (observations back from the tools, or episodes not started yet) are
@@ -28,23 +30,40 @@ once, except that the group's shared prompt is computed once for the group.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from agent_r1.rollout.engine import (
-    GenerationOutput, NewContext, StopChecker, TurnEnd, TurnSettings, next_context, sample_tokens, shared_prefix_length,
-)
+from agent_r1.rollout.decoding import StopChecker, sample_tokens, shared_prefix_length
+from agent_r1.rollout.engine import GenerationOutput, TurnSession, TurnSettings
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [kv_heads, n, head_dim]
 
 
+class CachedDecoder(Protocol):
+    """What the session uses of its engine (public attributes of
+    :class:`~agent_r1.rollout.transformers_engine.TransformersEngine`)."""
+
+    tokenizer: Any
+    model: Any  # its ``config`` sizes the KV cache
+    device: torch.device
+    pad_id: int
+    stop_token_ids: set[int]
+    compact_fraction: float  # compact the running rows once this share of them is dead
+    min_shared_prefix: int  # shortest common prompt prefix worth running once
+    stats: dict[str, int]  # tokens run through the model, by kind
+
+    def last_logits(self, **inputs: Any) -> torch.Tensor:
+        """float32 logits at the last position of a decoder forward (ids, mask, positions, cache)."""
+
+
 @dataclass
 class _Episode:
-    tokens: list[int]  # everything so far: prompt, actions, observations
+    tokens: list[int]  # its context so far (what the cache is of): the last one added, then this turn's tokens
     kv: KV | None = None  # the cache of tokens[:n_cached]
     n_cached: int = 0
     out: GenerationOutput = field(default_factory=lambda: GenerationOutput([], [], "length"))
@@ -99,7 +118,7 @@ class _Rows:
     mask: torch.Tensor
     next_pos: torch.Tensor
     logits: torch.Tensor  # [B, V] float32: each row's next-token distribution
-    episodes: list[int]
+    episodes: list[Hashable]  # the key of each row's episode
     alive: list[bool]
 
 
@@ -109,12 +128,15 @@ ADMIT_FRACTION = 0.25
 
 
 def _keep_common_prefix(ep: _Episode, context: list[int]) -> None:
-    """Cut ``ep``'s cache to the part it shares with its new ``context``: a replaced context
-    (shortened older observations) is prefilled from the first token that changed."""
+    """Cut ``ep``'s cache to the part it shares with its new ``context``: a context that extends
+    the old one keeps it all, a replaced one (shortened older observations) is prefilled from the
+    first token that changed."""
     same = 0
     limit = min(ep.n_cached, len(context))
     while same < limit and ep.tokens[same] == context[same]:
         same += 1
+    if same == ep.n_cached:  # an extension: the whole cache stays
+        return
     if same == 0 or ep.kv is None:
         ep.kv, ep.n_cached = None, 0
         return
@@ -163,17 +185,63 @@ def _select(rows: _Rows, keep: list[int]) -> _Rows:
     )
 
 
-class ContinuousBatcher:
-    """Runs multi-turn episodes to the end on a :class:`~agent_r1.rollout.engine.TransformersEngine`."""
+class ContinuousSession(TurnSession):
+    """Multi-turn episodes on a :class:`CachedDecoder` (the transformers engine), continuously batched.
 
-    def __init__(self, engine, settings: TurnSettings, stop_strings: Sequence[str], generator: torch.Generator):
+    Each :meth:`step` runs the schedule until some turns end: feed the tokens
+    sampled last (one decoding step for the running rows), admit waiting
+    episodes into free slots, sample; when turns end, their rows' caches go to
+    their episodes and the step returns them. Episodes added meanwhile wait for
+    the next admission.
+    """
+
+    def __init__(self, engine: CachedDecoder, settings: TurnSettings, stop_strings: Sequence[str], generator: torch.Generator):
         self.engine, self.cfg, self.gen = engine, settings, generator
         self.stops = StopChecker(engine.tokenizer, stop_strings)
+        self.episodes: dict[Hashable, _Episode] = {}
+        self.waiting: list[Hashable] = []  # in the order they were added: admitted first come, first served
+        self.rows: _Rows | None = None
+        self.sampled: torch.Tensor | None = None  # the tokens sampled last, fed at the start of the next step
+        self.admit_min = max(1, math.ceil(ADMIT_FRACTION * settings.slots))
+
+    # ------------------------------------------------------------ the session
+    @torch.inference_mode()
+    def add(self, key: Hashable, context: list[int]) -> None:
+        if key in self.waiting or self._running(key):
+            raise ValueError(f"episode {key!r} already has a turn queued or running")
+        ep = self.episodes.get(key)
+        if ep is None:
+            self.episodes[key] = _Episode(list(context))
+        else:
+            _keep_common_prefix(ep, context)
+            ep.tokens = list(context)
+        self.waiting.append(key)
+
+    def drop(self, key: Hashable) -> None:
+        self.episodes.pop(key, None)  # and its cache with it
+
+    @torch.inference_mode()
+    def step(self) -> list[tuple[Hashable, GenerationOutput]]:
+        while True:
+            if self.sampled is not None:
+                tokens, self.sampled = self.sampled, None
+                if any(self.rows.alive):
+                    self.rows = self._decode(self.rows, tokens)
+            if not (self.waiting or (self.rows is not None and any(self.rows.alive))):
+                return []
+            self._admit_waiting()
+            self.sampled, ended = self._sample(self.rows)
+            if ended:
+                return self._end_turns(self.rows, ended)
+
+    def _running(self, key: Hashable) -> bool:
+        rows = self.rows
+        return rows is not None and any(a and k == key for k, a in zip(rows.episodes, rows.alive))
 
     # ------------------------------------------------------------ forwards
     def _forward(self, cache: DynamicCache, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """Feed ``ids`` [B, S] on top of ``cache`` (grown in place; mask covers cache + ids); the last logits."""
-        return self.engine._last_logits(
+        return self.engine.last_logits(
             input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True
         )
 
@@ -221,8 +289,9 @@ class ContinuousBatcher:
         logits = self._forward(cache, ids, mask, pos)
         return cache, mask, torch.tensor([n + len(s) for _, n, s in items], device=mask.device), logits
 
-    def _admit(self, episodes: list[_Episode], chosen: list[int]) -> _Rows:
+    def _admit(self, chosen: list[Hashable]) -> _Rows:
         """Prefill the waiting episodes ``chosen``: fresh prompts deduplicated, resumed ones on their cache."""
+        episodes = self.episodes
         fresh = [i for i in chosen if episodes[i].kv is None]
         resumed = [i for i in chosen if episodes[i].kv is not None]
         items: list[tuple[KV | None, int, list[int]]] = []
@@ -250,20 +319,32 @@ class ContinuousBatcher:
             self.engine.stats["row_tokens"] += len(suffix) + (n if i in fresh else 0)
             ep = episodes[i]
             ep.out = GenerationOutput([], [], "length")
-            ep.limit = min(self.cfg.max_new_tokens, self.cfg.max_total_tokens - len(ep.tokens))
+            ep.limit = self.cfg.budget(len(ep.tokens))
             if ep.limit < 1:
-                raise ValueError(f"episode {i}: {len(ep.tokens)} tokens leave no room under max_total_tokens")
+                raise ValueError(f"episode {i!r}: {len(ep.tokens)} tokens leave no room under max_total_tokens")
         return rows
 
     # ------------------------------------------------------------ the schedule
-    def _sample(self, rows: _Rows, episodes: list[_Episode]) -> tuple[torch.Tensor, list[int]]:
+    def _admit_waiting(self) -> None:
+        """Merge waiting episodes into the running rows when enough slots are free (or nothing runs)."""
+        rows = self.rows
+        n_alive = sum(rows.alive) if rows is not None else 0
+        free = self.cfg.slots - n_alive
+        if not self.waiting or not (n_alive == 0 or min(free, len(self.waiting)) >= self.admit_min):
+            return
+        chosen, self.waiting = self.waiting[:free], self.waiting[free:]
+        live = [r for r, a in enumerate(rows.alive) if a] if rows is not None else []
+        new = self._admit(chosen)
+        self.rows = _merge([_select(rows, live), new], self.engine.model.config) if live else new
+
+    def _sample(self, rows: _Rows) -> tuple[torch.Tensor, list[int]]:
         """Sample every alive row's next token; return (tokens [B], rows whose turn ended)."""
         tokens, lps = sample_tokens(rows.logits, self.cfg.temperature, self.cfg.top_p, self.gen)
         ended = []
         for r, (tok, lp) in enumerate(zip(tokens.tolist(), lps.tolist())):
             if not rows.alive[r]:
                 continue
-            ep = episodes[rows.episodes[r]]
+            ep = self.episodes[rows.episodes[r]]
             ep.tokens.append(tok)
             ep.out.token_ids.append(tok)
             ep.out.logprobs.append(lp)
@@ -274,26 +355,15 @@ class ContinuousBatcher:
                 ended.append(r)
         return tokens, ended
 
-    def _end_turns(self, rows: _Rows, ended: list[int], episodes: list[_Episode], on_turn_end: TurnEnd) -> list[int]:
-        """Keep the ended rows' caches with their episodes, ask the env, return episodes to resume."""
+    def _end_turns(self, rows: _Rows, ended: list[int]) -> list[tuple[Hashable, GenerationOutput]]:
+        """Take the ended rows out of the running batch, each one's cache kept with its episode."""
         for r in ended:
-            ep = episodes[rows.episodes[r]]
+            ep = self.episodes[rows.episodes[r]]
             real = rows.mask[r].nonzero().squeeze(-1)
             ep.kv = [(k[r].index_select(1, real), v[r].index_select(1, real)) for k, v in _kv(rows.cache)]
             ep.n_cached = len(real)
             rows.alive[r] = False
-        replies = on_turn_end([(rows.episodes[r], episodes[rows.episodes[r]].out) for r in ended])
-        resume = []
-        for r, reply in zip(ended, replies, strict=True):
-            ep = episodes[rows.episodes[r]]
-            if reply is None:
-                ep.kv = None  # done: free its cache
-                continue
-            if isinstance(reply, NewContext):
-                _keep_common_prefix(ep, reply.ids)
-            ep.tokens = next_context(ep.tokens, reply)
-            resume.append(rows.episodes[r])
-        return resume
+        return [(rows.episodes[r], self.episodes[rows.episodes[r]].out) for r in ended]
 
     def _decode(self, rows: _Rows, tokens: torch.Tensor) -> _Rows:
         """One token for every row (finished rows are compacted away first once enough are dead)."""
@@ -308,22 +378,3 @@ class ContinuousBatcher:
         self.engine.stats["row_tokens"] += sum(rows.alive)
         self.engine.stats["padded_tokens"] += rows.alive.count(False)
         return _Rows(rows.cache, mask, rows.next_pos + 1, logits, rows.episodes, rows.alive)
-
-    def run(self, prompts: list[list[int]], on_turn_end: TurnEnd) -> None:
-        episodes = [_Episode(list(p)) for p in prompts]
-        waiting = list(range(len(episodes)))
-        rows: _Rows | None = None
-        admit_min = max(1, math.ceil(ADMIT_FRACTION * self.cfg.slots))
-        while waiting or (rows is not None and any(rows.alive)):
-            n_alive = sum(rows.alive) if rows is not None else 0
-            free = self.cfg.slots - n_alive
-            if waiting and (n_alive == 0 or min(free, len(waiting)) >= admit_min):
-                chosen, waiting = waiting[:free], waiting[free:]
-                live = [r for r, a in enumerate(rows.alive) if a] if rows is not None else []
-                new = self._admit(episodes, chosen)
-                rows = _merge([_select(rows, live), new], self.engine.model.config) if live else new
-            tokens, ended = self._sample(rows, episodes)
-            if ended:
-                waiting += self._end_turns(rows, ended, episodes, on_turn_end)
-            if any(rows.alive):
-                rows = self._decode(rows, tokens)

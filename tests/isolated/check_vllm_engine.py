@@ -15,7 +15,9 @@ pytest.importorskip("vllm")
 
 from agent_r1.config import RolloutConfig  # noqa: E402
 from agent_r1.rollout import make_rollout_engine  # noqa: E402
-from agent_r1.rollout.engine import GenerationOutput, StopChecker, TransformersEngine  # noqa: E402
+from agent_r1.rollout.decoding import StopChecker  # noqa: E402
+from agent_r1.rollout.engine import GenerationOutput  # noqa: E402
+from agent_r1.rollout.transformers_engine import TransformersEngine  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 QUESTIONS = [

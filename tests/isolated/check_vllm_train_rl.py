@@ -18,8 +18,9 @@ import agent_r1.rollout as rollout_pkg  # noqa: E402
 from agent_r1.config import Params, RetrievalConfig, SyntheticConfig  # noqa: E402
 from agent_r1.data.synthetic import generate as synthetic_world  # noqa: E402
 from agent_r1.retrieval import build_index  # noqa: E402
-from agent_r1.rollout.engine import TransformersEngine  # noqa: E402
-from agent_r1.rollout.vllm_engine import VLLMEngine, usable_cores  # noqa: E402
+from agent_r1.rollout.transformers_engine import TransformersEngine  # noqa: E402
+from agent_r1.rollout.vllm_engine import VLLMEngine  # noqa: E402
+from agent_r1.rollout.vllm_setup import usable_cores  # noqa: E402
 from agent_r1.smoke import tiny_policy as make_tiny_policy  # noqa: E402
 from agent_r1.training.trainer import train_rl  # noqa: E402
 

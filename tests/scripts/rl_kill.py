@@ -30,7 +30,7 @@ import pandas as pd
 import torch
 
 from agent_r1.config import Params
-from agent_r1.rollout import engine as rollout_engine
+from agent_r1.rollout import continuous, transformers_engine  # the decoding loops that sample
 from agent_r1.training import checkpoint, trainer
 
 STATE: dict[str, Any] = {"step": 0, "saving": None, "samples": 0, "saves": 0}
@@ -46,7 +46,7 @@ def arm(kill: str, kill_step: int, resumes_at: int) -> None:
     import agent_r1.rollout
 
     run_episodes, save_checkpoint, export_hf = agent_r1.rollout.run_episodes, trainer.save_checkpoint, trainer.export_hf
-    sample_tokens, torch_save, write_json = rollout_engine.sample_tokens, torch.save, checkpoint.write_json
+    sample_tokens, torch_save, write_json = transformers_engine.sample_tokens, torch.save, checkpoint.write_json
     STATE["step"] = resumes_at
 
     def playing(*args, greedy: bool = False, **kwargs):
@@ -84,7 +84,8 @@ def arm(kill: str, kill_step: int, resumes_at: int) -> None:
         return export_hf(*args, **kwargs)
 
     agent_r1.rollout.run_episodes, trainer.save_checkpoint, trainer.export_hf = playing, saving, exporting
-    rollout_engine.sample_tokens, torch.save, checkpoint.write_json = sampling, torch_saving, publishing
+    transformers_engine.sample_tokens = continuous.sample_tokens = sampling  # each loop looks up its own name
+    torch.save, checkpoint.write_json = torch_saving, publishing
 
 
 def main() -> None:

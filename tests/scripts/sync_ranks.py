@@ -26,7 +26,7 @@ import torch.distributed as dist
 from train_tiny import ROWS, global_batch, tiny_llama
 
 from agent_r1.config import TrainConfig
-from agent_r1.rollout.engine import TransformersEngine
+from agent_r1.rollout.transformers_engine import TransformersEngine
 from agent_r1.training.checkpoint import full_state_dict
 from agent_r1.training.distributed import shutdown_distributed
 from agent_r1.training.engines import init_distributed, make_engine, unwrap  # sets DS_ACCELERATOR first

@@ -13,26 +13,35 @@ Each trajectory is a list of token ids grown by concatenation only:
   The policy's own tokens are decoded for the env's parser, never re-encoded
   (re-encoding drifts: Agent-R1's training broke on it).
 
-The engine plays the turns (``engine.run_turns``): it generates an action,
-the loop hands it to the env and gives back the observation ids to append
-(``None`` when the episode is done), and the engine continues that episode.
-Actions that end at the same time go to ``env.step_batch`` together, so their
-tool calls run as one batch. With ``cfg.continuous`` (default) the engine keeps
-each episode's KV cache across turns and refills free slots as episodes finish
-(:mod:`agent_r1.rollout.continuous`); otherwise every turn is one ``generate``
-call per ``cfg.batch_size`` episodes with their whole history
-(:func:`~agent_r1.rollout.engine.run_turns_synchronously`). An episode whose
-next turn would have no room under ``cfg.max_total_tokens`` is truncated there
-and finished with ``"max_length"``.
+The scheduler plays the episodes; the engine only generates. It resets the
+env for every episode, opens a turn session on the engine
+(:meth:`~agent_r1.rollout.engine.GenerationEngine.open_turns`) and adds each
+prompt; the session generates until some turns end and returns them. Turns
+that end together go to ``env.step_batch`` together, so their tool calls run
+as one batch; then each episode either continues (the scheduler adds its next
+context: everything so far plus the observation) or ends (it is dropped). With
+``cfg.continuous`` (default) the session is the engine's own: the transformers
+engine keeps each episode's KV cache across turns and refills free slots as
+episodes finish (:mod:`agent_r1.rollout.continuous`); otherwise, and for
+engines without one, every turn is one ``generate`` call per ``cfg.batch_size``
+episodes with their whole history
+(:class:`~agent_r1.rollout.engine.TurnByTurnSession`). An episode whose next
+turn would have no room under ``cfg.max_total_tokens`` is truncated there and
+finished with ``"max_length"``.
+
+An episode's history lives in one place: the env's ``Episode.messages`` holds
+the conversation (the template deltas are rendered from it), the scheduler's
+:class:`EpisodeRecord` the token ids, masks and logprobs; the engine keeps
+only what it caches.
 
 Context management (``env.context``): when older observations are to be
 shown shortened, the trajectory above still records the full history (its
 metrics and rewards are the episode's), and each turn's context as shown is
 recorded too (``TrajectoryBatch.contexts``): the prompt, the actions as
 generated, and each observation in full or shortened (its delta rendered from
-the env's short text). The engine gets that context as a
-:class:`~agent_r1.rollout.engine.NewContext` and keeps what it cached of the
-unchanged prefix; the step representation trains on the recorded contexts.
+the env's short text). That context is what the scheduler adds for the next
+turn; a caching session keeps what it computed of the unchanged prefix. The
+step representation trains on the recorded contexts.
 
 Greedy (evaluation) uses temperature 0 and one sample per record: with n > 1
 the samples would be identical copies.
@@ -43,18 +52,13 @@ the trainer varies ``cfg.seed`` per step (``cfg.model_copy(update={"seed": ...})
 
 from __future__ import annotations
 
-import functools
-import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from agent_r1.config import ContextConfig, RolloutConfig
-from agent_r1.rollout.engine import (
-    GenerationEngine, GenerationOutput, NewContext, TurnReply, TurnSettings, run_turns_synchronously,
-)
+from agent_r1.env.env import Episode, StepResult, ToolEnv
+from agent_r1.rollout.engine import GenerationEngine, GenerationOutput, TurnByTurnSession, TurnSession, TurnSettings
 from agent_r1.rollout.trajectory import TrajectoryBatch
-
-log = logging.getLogger(__name__)
 
 # Stands in for the assistant's content when rendering a template delta; never tokenised.
 PLACEHOLDER = "\x00AGENT_R1_ASSISTANT_CONTENT\x00"
@@ -105,19 +109,17 @@ def observation_delta(
 
 
 @dataclass
-class _Trajectory:
-    """The rollout-side state of one episode: its token lists and template conversation."""
+class EpisodeRecord:
+    """One episode as the scheduler keeps it: the env's episode and its token-exact trajectory."""
 
-    episode: Any
+    episode: Episode
     group_id: int
-    conversation: list[dict]  # messages as the template renders them (assistant content = decoded text)
-    input_ids: list[int]
+    input_ids: list[int]  # prompt, then every action and observation, concatenated
     prompt_length: int
     action_mask: list[int] = field(default_factory=list)
     turn_index: list[int] = field(default_factory=list)
     rollout_logprobs: list[float] = field(default_factory=list)
     turn_ends: list[int] = field(default_factory=list)  # position of each turn's last action token
-    done: bool = False
     # managed context only (env.context): each turn's action ids, each observation in full and
     # shortened, and the ids shown at each turn (contexts[0] is the prompt)
     actions: list[list[int]] = field(default_factory=list)
@@ -129,6 +131,7 @@ class _Trajectory:
         self.action_mask, self.turn_index, self.rollout_logprobs = [0] * n, [-1] * n, [0.0] * n
 
     def add(self, ids: list[int], is_action: bool, logprobs: list[float] | None = None) -> None:
+        """Append a turn's action ids (with their logprobs) or the observation ids that follow it."""
         turn = len(self.turn_ends) - (0 if is_action else 1)
         self.input_ids += ids
         self.action_mask += [int(is_action)] * len(ids)
@@ -138,6 +141,7 @@ class _Trajectory:
             self.turn_ends.append(len(self.input_ids) - 1)
 
     def token_rewards(self) -> list[float]:
+        """Each turn's final process reward on its last action token, the outcome reward on the last one."""
         ep = self.episode
         finals = ep.final_turn_rewards
         if finals is None or ep.outcome_reward is None:
@@ -153,6 +157,7 @@ class _Trajectory:
         return rewards
 
     def info(self) -> dict:
+        """The episode's metrics and bookkeeping (``TrajectoryBatch.info``)."""
         ep = self.episode
         metrics = dict(ep.metrics or {})
         info = {
@@ -187,7 +192,9 @@ class _Trajectory:
         }
 
 
-def _start(env: Any, tokenizer: Any, record: dict, group_id: int, tools: list[dict] | None, cfg: RolloutConfig) -> _Trajectory:
+def _start(env: ToolEnv, tokenizer: Any, record: dict, group_id: int, tools: list[dict] | None,
+           cfg: RolloutConfig) -> EpisodeRecord:
+    """Reset the env for ``record``; the record of the new episode, its prompt rendered from the env's messages."""
     episode = env.reset(record)
     ids = encode(tokenizer, render(tokenizer, episode.messages, tools))
     if len(ids) >= cfg.max_total_tokens:
@@ -195,7 +202,7 @@ def _start(env: Any, tokenizer: Any, record: dict, group_id: int, tools: list[di
             f"record {record.get('id')!r}: the prompt has {len(ids)} tokens, "
             f"rollout.max_total_tokens={cfg.max_total_tokens} leaves no room to generate"
         )
-    t = _Trajectory(episode, group_id, [dict(m) for m in episode.messages], list(ids), len(ids))
+    t = EpisodeRecord(episode, group_id, list(ids), len(ids))
     if env.cfg.context.managed:
         t.contexts.append(list(ids))
     return t
@@ -231,49 +238,71 @@ def shown_context(
     return ids
 
 
-def _managed_turn(t: _Trajectory, obs_ids: list[int], short_ids: list[int], env: Any, cfg: RolloutConfig) -> TurnReply:
+def _history_before_turn(episode: Episode, text: str, res: StepResult) -> list[dict]:
+    """The conversation before this turn's action: ``env.step_batch`` appended the action and,
+    the episode going on, its observation to ``episode.messages``."""
+    turn = [{"role": "assistant", "content": text}, {"role": res.observation_role, "content": res.observation}]
+    if episode.messages[-2:] != turn:
+        raise RuntimeError(
+            f"record {episode.record.get('id')!r}: env.step_batch did not end Episode.messages with the turn's "
+            "action and observation; cannot render the observation's template delta"
+        )
+    return episode.messages[:-2]
+
+
+def _managed_context(t: EpisodeRecord, obs_ids: list[int], short_ids: list[int], env: ToolEnv,
+                     cfg: RolloutConfig) -> list[int] | None:
     """``env.context``: the full observation goes on the flat record; the policy is shown the managed context."""
     t.observations.append((obs_ids, short_ids))
     t.add(obs_ids, is_action=False)
     shown = shown_context(t.input_ids[: t.prompt_length], t.actions, t.observations, env.cfg.context)
     if len(shown) >= cfg.max_total_tokens:  # no token left to generate after it
         env.finish(t.episode, "max_length")
-        t.done = True
         return None
     t.contexts.append(shown)
-    return NewContext(shown)
+    return shown
 
 
-def _next_turn(t: _Trajectory, out: GenerationOutput, text: str, res: Any, env: Any, tokenizer: Any,
-               tools: list[dict] | None, cfg: RolloutConfig) -> TurnReply:
-    """Record a turn's action; return the observation ids to append (or the next managed context),
+def _next_context(t: EpisodeRecord, out: GenerationOutput, text: str, res: StepResult, env: ToolEnv,
+                  tokenizer: Any, tools: list[dict] | None, cfg: RolloutConfig) -> list[int] | None:
+    """Record a turn's action and its observation; return the context of the episode's next turn,
     or None when the episode is done."""
-    history = t.conversation
     t.add(out.token_ids, is_action=True, logprobs=out.logprobs)
-    t.conversation = [*history, {"role": "assistant", "content": text}]
     if res.done:
-        t.done = True
         return None
+    history = _history_before_turn(t.episode, text, res)
     role = res.observation_role
     obs_ids = encode(tokenizer, observation_delta(tokenizer, history, tools, res.observation, role, out.token_ids[-1]))
-    t.conversation.append({"role": role, "content": res.observation})
     if env.cfg.context.managed:
         t.actions.append(list(out.token_ids))
         short = observation_delta(tokenizer, history, tools, res.short_observation, role, out.token_ids[-1])
-        return _managed_turn(t, obs_ids, encode(tokenizer, short), env, cfg)
+        return _managed_context(t, obs_ids, encode(tokenizer, short), env, cfg)
     room = cfg.max_total_tokens - len(t.input_ids)
     if len(obs_ids) >= room:  # no token left to generate after it: truncate here
         t.add(obs_ids[:room], is_action=False)
         env.finish(t.episode, "max_length")
-        t.done = True
         return None
     t.add(obs_ids, is_action=False)
-    return obs_ids
+    return list(t.input_ids)
+
+
+def _play_ended_turns(session: TurnSession, ended: list[tuple[int, GenerationOutput]], records: list[EpisodeRecord],
+                      env: ToolEnv, tokenizer: Any, tools: list[dict] | None, cfg: RolloutConfig) -> None:
+    """Hand the turns that ended to the env together (their tool calls run as one batch); give the
+    session each episode's next context, or drop the episode when it is done."""
+    texts = [tokenizer.decode(out.token_ids, skip_special_tokens=True) for _, out in ended]
+    results = env.step_batch([records[i].episode for i, _ in ended], texts)
+    for (i, out), text, res in zip(ended, texts, results, strict=True):
+        context = _next_context(records[i], out, text, res, env, tokenizer, tools, cfg)
+        if context is None:
+            session.drop(i)
+        else:
+            session.add(i, context)
 
 
 def run_episodes(
     engine: GenerationEngine,
-    env: Any,
+    env: ToolEnv,
     tokenizer: Any,
     records: list[dict],
     cfg: RolloutConfig,
@@ -282,22 +311,20 @@ def run_episodes(
     """Play ``cfg.n`` episodes of every record (1 when ``greedy``) to the end; see the module doc."""
     n = 1 if greedy else cfg.n
     tools = env.tool_specs()
-    trajs = [_start(env, tokenizer, rec, g, tools, cfg) for g, rec in enumerate(records) for _ in range(n)]
-
-    def on_turn_end(ended: list[tuple[int, GenerationOutput]]) -> list[TurnReply]:
-        texts = [tokenizer.decode(out.token_ids, skip_special_tokens=True) for _, out in ended]
-        results = env.step_batch([trajs[i].episode for i, _ in ended], texts)
-        return [
-            _next_turn(trajs[i], out, text, res, env, tokenizer, tools, cfg)
-            for (i, out), text, res in zip(ended, texts, results, strict=True)
-        ]
-
+    episodes = [_start(env, tokenizer, rec, g, tools, cfg) for g, rec in enumerate(records) for _ in range(n)]
     settings = TurnSettings(
         max_new_tokens=cfg.max_new_tokens, max_total_tokens=cfg.max_total_tokens,
         temperature=0.0 if greedy else cfg.temperature, top_p=cfg.top_p, slots=cfg.batch_size,
     )
-    run = engine.run_turns if cfg.continuous else functools.partial(run_turns_synchronously, engine)
-    run([t.input_ids for t in trajs], on_turn_end, settings, list(env.format.stop_strings), cfg.seed)
+    stop_strings = list(env.format.stop_strings)
+    if cfg.continuous:
+        session = engine.open_turns(settings, stop_strings, cfg.seed)
+    else:
+        session = TurnByTurnSession(engine, settings, stop_strings, cfg.seed)
+    for i, t in enumerate(episodes):
+        session.add(i, t.input_ids)
+    while ended := session.step():
+        _play_ended_turns(session, ended, episodes, env, tokenizer, tools, cfg)
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    return TrajectoryBatch.from_sequences([t.as_sequence() for t in trajs], pad_id)
+    return TrajectoryBatch.from_sequences([t.as_sequence() for t in episodes], pad_id)
