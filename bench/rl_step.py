@@ -132,8 +132,8 @@ def run_side(label: str, spec: str, common: dict[str, str], scratch: Path, eval_
     summary = {"step_s": mean("time/step_s"), "tokens": mean("train/tokens"),
                "trajectories": p["train"]["questions_per_step"] * p["rollout"]["n"],
                # the step representation trains one sample per turn: its own count of tokens and samples
-               "trained_tokens": mean("train/step_tokens") or mean("train/tokens"),
-               "samples": mean("train/step_samples") or p["train"]["questions_per_step"] * p["rollout"]["n"]}
+               "trained_tokens": mean("train/sample_tokens") or mean("train/step_tokens") or mean("train/tokens"),
+               "samples": mean("train/samples") or mean("train/step_samples") or p["train"]["questions_per_step"] * p["rollout"]["n"]}
     for part in PARTS:
         summary[f"{part}_s"] = mean(f"time/{part}_s")
         summary[f"{part}_share"] = summary[f"{part}_s"] / summary["step_s"]

@@ -9,10 +9,10 @@ chunked log-probs cost and buy.
 2. Update throughput: tokens/s of one actor update (forward + backward +
    AdamW step) on synthetic trajectories of realistic shape (``--rows`` rows
    of ``--min-len``..``--max-len`` tokens, ``--action-frac`` of them action
-   tokens, GRPO groups of 4). Ours: ``trainer.build_engines`` +
-   ``trainer.rl_step`` exactly as ``train_rl`` calls them (DeepSpeed ZeRO-2
+   tokens, GRPO groups of 4). Ours: ``loop.build_models`` +
+   ``loop.update_from_rollout`` exactly as ``train_rl`` calls them (DeepSpeed ZeRO-2
    engine, bf16, token-budget micro-batches, chunked log-probs; the time is
-   rl_step's own ``time/update_s``). Plain torch: the same model in fp32
+   the update's own ``time/update_s``). Plain torch: the same model in fp32
    under ``torch.autocast(bf16)``, fixed micro-batches of
    ``--naive-micro-rows`` rows in batch order padded to their longest row,
    full-vocabulary float32 log-softmax, the same PPO loss, grad clipping and

@@ -17,8 +17,8 @@ the optimizer (torch AdamW, constant lr, same clip). TRL's tokenizer gets a chat
 template that renders tool calls (the model's own ignores them); the run checks that
 it renders every prompt exactly as the model's own template does.
 
-Our side is the pipeline's own code (``build_engines``, ``make_rollout_engine``,
-``train_step``); TRL's side is ``GRPOTrainer.train()`` for one step. Each side runs in
+Our side is the pipeline's own code (``build_models``, ``make_rollout_engine``,
+``train_iteration``); TRL's side is ``GRPOTrainer.train()`` for one step. Each side runs in
 its own subprocess, so its peak RSS is its own. Both configurations go in the JSON.
 
     make bench-trl      # builds the TRL venv (bench/requirements-trl.txt), then runs this
@@ -116,21 +116,21 @@ def check_template(tokenizer: Any, env: Any, records: list[dict]) -> None:
 
 # ------------------------------------------------------------------ our side
 def run_ours(args: argparse.Namespace, workload: str) -> dict[str, Any]:
-    """One ``train_step`` of the pipeline (rollout, logprobs, update, weight sync) on the benchmark's params."""
+    """One ``train_iteration`` of the pipeline (rollout, logprobs, update, weight sync) on the benchmark's params."""
     from agent_r1.env import make_env
     from agent_r1.rollout import make_rollout_engine
     from agent_r1.training.distributed import init_distributed
-    from agent_r1.training.trainer import Rollout, build_engines, train_step
+    from agent_r1.training.loop import Rollout, build_models, train_iteration
 
     params, records = bench_params(args, workload), load_records(args)
     start = time.monotonic()
     init_distributed()
-    engines = build_engines(params, args.model)
+    models = build_models(params, args.model)
     engine = make_rollout_engine(args.model, params.rollout)
     env = make_env(params, args.index)
     check_template(engine.tokenizer, env, records)
     setup_s = time.monotonic() - start
-    m = train_step(params, engines, Rollout(engine, env, engine.tokenizer), records, step=0, rank=0, world=1)
+    m = train_iteration(params, models, Rollout(engine, env, engine.tokenizer), records, step=0, rank=0, world=1)
     trajectories = len(records) * params.rollout.n
     update_s = m["time/logprobs_s"] + m["time/update_s"]
     return {
@@ -156,7 +156,7 @@ def rollout_path(engine: Any, params: Any) -> str:
 def ours_config(params: Any, args: argparse.Namespace) -> dict[str, Any]:
     r, t, a, e = params.rollout, params.train, params.algorithm, params.env
     return {
-        "code": "agent_r1.training.trainer.train_step (build_engines + make_rollout_engine + run_episodes + rl_step)",
+        "code": "agent_r1.training.loop.train_iteration (build_models + make_rollout_engine + run_episodes + rl_update)",
         "model": str(args.model), "dtype": "float32", "rollout_engine": r.engine,
         "generation_batch": r.batch_size, "samples_per_question": r.n, "max_new_tokens_per_turn": r.max_new_tokens,
         "max_total_tokens": r.max_total_tokens, "stop": "</tool_call>, </answer> or <|im_end|>",

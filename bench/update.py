@@ -1,8 +1,8 @@
 """One actor update on synthetic trajectories, in this process: ours or a plain torch loop (a worker of bench/train.py).
 
-Ours: ``trainer.build_engines`` + ``trainer.rl_step`` exactly as ``train_rl``
+Ours: ``loop.build_models`` + ``loop.update_from_rollout`` exactly as ``train_rl``
 calls them (DeepSpeed ZeRO-2 engine, bf16, token-budget micro-batches, chunked
-log-probs); the times are rl_step's own ``time/update_s`` and
+log-probs); the times are the update's own ``time/update_s`` and
 ``time/actor_step_s`` (its optimizer steps). Plain torch: the same model in
 fp32 under ``torch.autocast(bf16)``, fixed micro-batches of ``micro_rows``
 rows in batch order padded to their longest row, full-vocabulary float32
@@ -47,18 +47,18 @@ def update_params(spec: dict, rows: int) -> Any:
 
 
 def make_ours(spec: dict, rows: int) -> tuple[Update, Any, Any]:
-    """``(run, the model, the params)`` with the trainer's engines and rl_step."""
+    """``(run, the model, the params)`` with the trainer's models and update."""
     from agent_r1.training.engines import unwrap
-    from agent_r1.training.trainer import build_engines, rl_step
+    from agent_r1.training.loop import build_models, update_from_rollout
 
     params = update_params(spec, rows)
-    engines = build_engines(params, Path(spec["model"]))
+    models = build_models(params, Path(spec["model"]))
 
     def run(batch: Any) -> tuple[float, float]:
-        metrics = rl_step(params, engines, batch, world=1)
+        metrics = update_from_rollout(params, models, batch, world=1)
         return float(metrics["time/update_s"]), float(metrics["time/actor_step_s"])
 
-    return run, unwrap(engines.actor), params
+    return run, unwrap(models.actor), params
 
 
 def naive_update(model: Any, opt: Any, params: Any, micro_rows: int, batch: Any) -> tuple[float, float]:
@@ -66,12 +66,14 @@ def naive_update(model: Any, opt: Any, params: Any, micro_rows: int, batch: Any)
     import torch
 
     from agent_r1.algorithms import policy_loss
-    from agent_r1.training.trainer import batch_advantages, policy_loss_mask
+    from agent_r1.training.loop import estimator_settings
+    from agent_r1.training.samples import flat_samples
 
     cfg, alg = params.train, params.algorithm
     start = time.perf_counter()
-    adv, _ = batch_advantages(params, batch)
-    mask = policy_loss_mask(params, batch)
+    samples = flat_samples(batch, alg.loss_mask)
+    adv, _ = samples.credit.advantages(None, estimator_settings(params))
+    mask = samples.loss_mask
     denom = max(float(mask.sum()), 1.0)
     lengths = batch.attention_mask.sum(-1)
     for first in range(0, len(batch), micro_rows):
@@ -143,8 +145,8 @@ def describe(spec: dict, model: Any, params: Any, batch: Any) -> dict:
     """The measurement's setting: model shape, batch, the forwards' plan (micro-batches, padding)."""
     import torch
 
-    from agent_r1.training.logprobs import micro_batches
-    from agent_r1.training.trainer import policy_loss_mask
+    from agent_r1.training.batching import micro_batches
+    from agent_r1.training.samples import flat_samples
 
     ours, rows = spec["method"] == "ours", spec["rows"]
     out: dict[str, Any] = {"method": spec["method"], "shape": model_shape(model), "batch": batch_stats(batch),
@@ -153,7 +155,7 @@ def describe(spec: dict, model: Any, params: Any, batch: Any) -> dict:
                            "bf16": params.train.bf16, "micro_batch_tokens": params.train.micro_batch_tokens,
                            "pack": ours and params.train.pack}  # fmt: skip
     lengths = batch.attention_mask.sum(-1).tolist()
-    out["batch"]["loss_tokens"] = int(policy_loss_mask(params, batch)[:, 1:].sum())  # column 0 is never read
+    out["batch"]["loss_tokens"] = int(flat_samples(batch, params.algorithm.loss_mask).loss_mask[:, 1:].sum())  # column 0 is never read
     if ours:
         packed = params.train.pack
         out["plan"] = plan_stats(lengths, micro_batches(lengths, params.train.micro_batch_tokens, packed), packed)

@@ -19,14 +19,9 @@ from train_tiny import VOCAB, tiny_llama  # noqa: E402
 from agent_r1.config import Params  # noqa: E402
 from agent_r1.rollout.trajectory import TrajectoryBatch  # noqa: E402
 from agent_r1.training.engines import DEFAULT_BUCKET, bucket_elements, ds_config, make_engine  # noqa: E402
-from agent_r1.training.logprobs import (  # noqa: E402
-    PACKED_ATTENTION,
-    computed_positions,
-    micro_batches,
-    token_logprobs,
-    use_packed_attention,
-)
-from agent_r1.training.trainer import build_engines, minibatches, rl_step  # noqa: E402
+from agent_r1.training.batching import computed_positions, micro_batches, minibatches  # noqa: E402
+from agent_r1.training.logprobs import PACKED_ATTENTION, token_logprobs, use_packed_attention  # noqa: E402
+from agent_r1.training.loop import build_models, update_from_rollout  # noqa: E402
 
 
 def padded_batch(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -104,9 +99,9 @@ def test_a_packed_rl_step_updates_like_the_padded_one(tmp_path: Path) -> None:
                                                 "pack": pack, "actor_lr": 1e-3}),
             "algorithm": p.algorithm.model_copy(update={"entropy_coef": 0.01, "kl_coef": 0.001}),  # every loss term
         })  # fmt: skip
-        engines = build_engines(params, tmp_path / "tiny")
-        metrics = rl_step(params, engines, trajectory_batch(lengths))
-        weights = torch.cat([v.flatten().float() for v in engines.actor.module.state_dict().values()])
+        models = build_models(params, tmp_path / "tiny")
+        metrics = update_from_rollout(params, models, trajectory_batch(lengths))
+        weights = torch.cat([v.flatten().float() for v in models.actor.module.state_dict().values()])
         steps[pack] = metrics, weights
     (padded, w_padded), (packed, w_packed) = steps[False], steps[True]
     assert packed["padding_share"] == 0.0 and padded["padding_share"] > 0.1
@@ -118,10 +113,9 @@ def test_a_packed_rl_step_updates_like_the_padded_one(tmp_path: Path) -> None:
 
 
 def test_minibatches_pack_when_asked() -> None:
-    am = (torch.arange(40)[None] < torch.tensor([40, 20, 20, 10, 30, 5])[:, None]).long()
-    cfg = Params().train.model_copy(update={"mini_batch_size": 6, "micro_batch_tokens": 45})
-    (_, padded), = minibatches(am, cfg, seed=0)
-    (_, packed), = minibatches(am, cfg, seed=0, packed=True)
+    lengths = [40, 20, 20, 10, 30, 5]
+    (_, padded), = minibatches(lengths, epochs=1, rows=6, token_budget=45, seed=0)
+    (_, packed), = minibatches(lengths, epochs=1, rows=6, token_budget=45, seed=0, packed=True)
     assert len(packed) == 3 and len(padded) == 4  # [40, 5] [30, 10] [20, 20] vs [40] [30] [20, 20] [10, 5]
 
 

@@ -101,7 +101,8 @@ def prefect_harness():
 
 
 def test_flow_runs_every_stage_then_reports_all_cached(repo: Path, prefect_harness: None) -> None:
-    from flows.pipeline import pipeline, pipeline_stages
+    from flows.pipeline import pipeline
+    from tasks.dvc_stage import pipeline_stages
 
     stages = pipeline_stages(str(repo))
     assert stages == STAGES
@@ -393,12 +394,12 @@ def test_step_level_training_with_a_managed_context_runs_through_dvc(repo: Path)
         ran = [line for line in out.splitlines() if line.startswith("Running stage")]
         assert ran == ["Running stage 'train@grpo_step':", "Running stage 'evaluate@grpo_step':"]
         last = json.loads((repo / "metrics/train/grpo_step.json").read_text())["last"]
-        assert last["step_samples"] == pytest.approx(4 * last["turns"])  # one sample per turn of 2 x 2 episodes
+        assert last["samples"] == pytest.approx(4 * last["turns"])  # one sample per turn of 2 x 2 episodes
         assert json.loads((repo / "checkpoints/grpo_step/latest.json").read_text())["step"] == 1
         assert json.loads((repo / "metrics/eval/grpo_step.json").read_text())["n"] == 6
         assert len((repo / "outcomes/grpo_step.jsonl").read_text().splitlines()) == 6
         flat = json.loads((repo / "metrics/train/grpo.json").read_text())["last"]
-        assert "step_samples" not in flat
+        assert flat["samples"] == 4  # one sample per episode
     finally:
         (repo / "params.yaml").write_text(original)
 

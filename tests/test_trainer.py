@@ -17,17 +17,9 @@ from agent_r1.retrieval import build_index, load_index
 from agent_r1.rollout.trajectory import TrajectoryBatch
 from agent_r1.training.expert import expert_plan
 from agent_r1.training.sft import expert_demonstrations, keep_grounded, train_sft
-from agent_r1.training.trainer import (
-    Engines,
-    build_engines,
-    global_denominator,
-    minibatches,
-    rl_step,
-    shard,
-    step_questions,
-    train_rl,
-    unwrap,
-)
+from agent_r1.training.batching import global_denominator, minibatches
+from agent_r1.training.engines import unwrap
+from agent_r1.training.loop import build_models, iteration_questions, shard, train_rl, update_from_rollout
 
 
 @pytest.fixture(scope="module")
@@ -74,20 +66,18 @@ def records(questions: pd.DataFrame, split: str) -> list[dict]:
 
 
 # ------------------------------------------------------------------ pure helpers
-def test_step_questions_are_seeded_and_shards_keep_groups() -> None:
+def test_iteration_questions_are_seeded_and_shards_keep_groups() -> None:
     qs = [{"id": i} for i in range(50)]
-    assert step_questions(qs, 6, 3, 0) == step_questions(qs, 6, 3, 0)
-    assert step_questions(qs, 6, 3, 0) != step_questions(qs, 6, 4, 0)
-    picked = step_questions(qs, 6, 3, 0)
+    assert iteration_questions(qs, 6, 3, 0) == iteration_questions(qs, 6, 3, 0)
+    assert iteration_questions(qs, 6, 3, 0) != iteration_questions(qs, 6, 4, 0)
+    picked = iteration_questions(qs, 6, 3, 0)
     assert shard(picked, 0, 2) + shard(picked, 1, 2) != [] and sorted(
         q["id"] for q in shard(picked, 0, 2) + shard(picked, 1, 2)
     ) == sorted(q["id"] for q in picked)
 
 
 def test_minibatches_cover_every_row_once_per_epoch() -> None:
-    am = torch.ones(10, 8, dtype=torch.long)
-    cfg = Params().train.model_copy(update={"ppo_epochs": 2, "mini_batch_size": 4, "micro_batch_tokens": 16})
-    passes = list(minibatches(am, cfg, seed=0))
+    passes = list(minibatches([8] * 10, epochs=2, rows=4, token_budget=16, seed=0))
     assert [len(rows) for rows, _ in passes] == [4, 4, 2, 4, 4, 2]
     for rows, groups in passes:
         assert sorted(r for g in groups for r in g) == sorted(rows)
@@ -147,14 +137,14 @@ def test_grpo_step_moves_logprobs_towards_the_better_sample(tiny_policy: Path) -
 
     params = tiny_params()
     params = params.model_copy(update={"train": params.train.model_copy(update={"actor_lr": 1e-3})})
-    engines = build_engines(params, tiny_policy)
+    models = build_models(params, tiny_policy)
     batch = two_samples()
 
     def seq_logprob() -> torch.Tensor:
-        return (batched_token_logprobs(engines.actor, batch.input_ids, batch.attention_mask, 512) * batch.action_mask).sum(-1)
+        return (batched_token_logprobs(models.actor, batch.input_ids, batch.attention_mask, 512) * batch.action_mask).sum(-1)
 
     before = seq_logprob()
-    metrics = rl_step(params, engines, batch)
+    metrics = update_from_rollout(params, models, batch)
     after = seq_logprob()
     assert after[0] > before[0] and after[1] < before[1]
     assert metrics["clipfrac"] == 0.0  # exactly on-policy: ratio 1
@@ -181,9 +171,9 @@ def test_a_plugin_estimator_trains_with_a_critic_when_it_asks_for_one(
     batch = two_samples()
     for name, critic in (("trainer_estimators:td_error", True), ("trainer_estimators:outcome", False)):
         params = tiny_params().model_copy(update={"algorithm": AlgorithmConfig(name=name, kl_coef=0.0)})
-        engines = build_engines(params, tiny_policy)
-        assert (engines.critic is not None) is critic, name
-        metrics = rl_step(params, engines, batch)
+        models = build_models(params, tiny_policy)
+        assert (models.critic is not None) is critic, name
+        metrics = update_from_rollout(params, models, batch)
         assert ("value_loss" in metrics) is critic and metrics["advantage_abs"] > 0, name
 
 
@@ -191,7 +181,7 @@ def test_a_plugin_estimators_code_is_part_of_the_run_fingerprint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Editing the user's estimator is a change of training code: its checkpoint is not resumed."""
-    from agent_r1.training.trainer import code_hash, run_fingerprint
+    from agent_r1.training.checkpoint import code_hash, run_fingerprint
 
     plugin = tmp_path / "fingerprinted_estimators.py"
     plugin.write_text(PLUGIN_ESTIMATORS)
@@ -345,7 +335,7 @@ def test_a_checkpoint_of_another_init_model_or_code_is_not_resumed(world, tiny_p
     name = sorted(weights)[0]
     weights[name] = weights[name] + 1e-3  # the warm start was re-trained: same path, same size
     save_file(weights, init / "model.safetensors", metadata={"format": "pt"})
-    caplog.set_level("WARNING", logger="agent_r1.training.trainer")
+    caplog.set_level("WARNING", logger="agent_r1.training.checkpoint")
     assert train_rl(tiny_params(steps=1), **kw)["start_step"] == 0
     assert "other init model" in caplog.text
     latest = kw["checkpoint_dir"] / "latest.json"
@@ -361,7 +351,7 @@ def test_the_code_hash_covers_the_training_code_only(tmp_path: Path) -> None:
     import shutil
 
     import agent_r1
-    from agent_r1.training.trainer import code_hash
+    from agent_r1.training.checkpoint import code_hash
 
     package = tmp_path / "agent_r1"
     shutil.copytree(Path(agent_r1.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__"))
@@ -387,7 +377,7 @@ def test_lowering_steps_exports_exactly_the_run_params_describe(world, tiny_poli
     ref = train_rl(tiny_params(steps=1, eval_every=2), **ref_kw)
     assert "eval/em" in ref["last"]
     assert_same_run(tmp_path / "ref", ref, tmp_path / "run", lowered)
-    caplog.set_level("WARNING", logger="agent_r1.training.trainer")
+    caplog.set_level("WARNING", logger="agent_r1.training.checkpoint")
     none = train_rl(tiny_params(steps=0), **ref_kw)  # below the only kept checkpoint (step 1)
     assert none["start_step"] == 0 and "below every kept checkpoint" in caplog.text
     init, out = load_file(tiny_policy / "model.safetensors"), exported(tmp_path / "ref" / "model")
@@ -466,22 +456,22 @@ def test_a_same_dtype_rollout_engine_samples_with_the_actors_own_weights(tiny_po
     """ZeRO-2, fp32 both sides: no second copy of the weights, and each optimizer step is what the
     next rollout sees; a bf16 engine gets a copy, as before."""
     from agent_r1.rollout import TransformersEngine
-    from agent_r1.training.trainer import sync_rollout_weights
+    from agent_r1.training.weight_sync import sync_rollout_weights
 
     params = tiny_params(actor_lr=1e-3)
-    engines = build_engines(params, tiny_policy)
+    models = build_models(params, tiny_policy)
     shared, copied = TransformersEngine(tiny_policy, dtype="float32"), TransformersEngine(tiny_policy, dtype="bfloat16")
     for engine in (shared, copied):
-        sync_rollout_weights(engines.actor, engine)
-    actor = dict(unwrap(engines.actor).named_parameters())
+        sync_rollout_weights(models.actor, engine)
+    actor = dict(unwrap(models.actor).named_parameters())
     assert all(p.data_ptr() == actor[n].data_ptr() for n, p in shared.model.named_parameters())
     assert not any(p.data_ptr() == actor[n].data_ptr() for n, p in copied.model.named_parameters())
 
     before = {n: p.detach().clone() for n, p in actor.items()}
-    rl_step(params, engines, two_samples())
+    update_from_rollout(params, models, two_samples())
     moved = [n for n, p in actor.items() if not torch.equal(p, before[n])]
     assert moved and all(torch.equal(dict(shared.model.named_parameters())[n], actor[n]) for n in moved)
-    assert torch.equal(shared.head_weight, unwrap(engines.actor).get_output_embeddings().weight)
+    assert torch.equal(shared.head_weight, unwrap(models.actor).get_output_embeddings().weight)
 
 
 def turn_samples(turns: int) -> TrajectoryBatch:
@@ -512,10 +502,10 @@ def test_step_representation_with_one_step_per_episode_is_the_flat_update(tiny_p
         params = tiny_params(actor_lr=1e-3)
         params = params.model_copy(update={"algorithm": params.algorithm.model_copy(
             update={"representation": representation, "kl_coef": 0.0})})
-        engines = build_engines(params, tiny_policy)
-        metrics = rl_step(params, engines, batch)
+        models = build_models(params, tiny_policy)
+        metrics = update_from_rollout(params, models, batch)
         assert metrics["advantage_abs"] > 0
-        weights.append({n: p.detach().clone() for n, p in unwrap(engines.actor).named_parameters()})
+        weights.append({n: p.detach().clone() for n, p in unwrap(models.actor).named_parameters()})
     assert all(torch.allclose(weights[0][n], weights[1][n], atol=1e-6) for n in weights[0])
 
 
@@ -525,57 +515,66 @@ def test_step_representation_trains_each_turn_as_its_own_sample(tiny_policy: Pat
 
     params = tiny_params(actor_lr=1e-3)
     params = params.model_copy(update={"algorithm": params.algorithm.model_copy(update={"representation": "step"})})
-    engines = build_engines(params, tiny_policy)
+    models = build_models(params, tiny_policy)
     batch = turn_samples(3)
     steps = steps_from_trajectories(batch)
     assert len(steps) == 3 * len(batch)  # one sample per turn
 
     def episode_logprob() -> torch.Tensor:
-        lp = batched_token_logprobs(engines.actor, steps.input_ids, steps.attention_mask, 512) * steps.action_mask
+        lp = batched_token_logprobs(models.actor, steps.input_ids, steps.attention_mask, 512) * steps.action_mask
         return torch.zeros(len(batch)).index_add_(0, steps.episode, lp.sum(-1))
 
     before = episode_logprob()
-    metrics = rl_step(params, engines, batch)
+    metrics = update_from_rollout(params, models, batch)
     after = episode_logprob()
-    assert metrics["step_samples"] == len(steps) and after[0] > before[0] and after[1] < before[1]
+    assert metrics["samples"] == len(steps) and after[0] > before[0] and after[1] < before[1]
 
 
 def test_step_representation_trains_a_critic_with_one_value_per_step(tiny_policy: Path) -> None:
     """PPO on steps: the critic's value of a step is read at its last prompt token (the state it acts
     from), step-level GAE turns those into returns, and one update moves each step's value towards them."""
-    from agent_r1.training.trainer import step_samples
+    from agent_r1.training.loop import estimator_settings, update_settings
+    from agent_r1.training.samples import step_samples
+    from agent_r1.training.update import score
 
     params = tiny_params(actor_lr=1e-3, critic_lr=1e-3)
     params = params.model_copy(update={"algorithm": params.algorithm.model_copy(
         update={"name": "ppo", "representation": "step", "gamma": 0.9, "lam": 0.95})})
-    engines = build_engines(params, tiny_policy)
-    assert engines.critic is not None
+    models = build_models(params, tiny_policy)
+    assert models.critic is not None
     batch = turn_samples(3)
-    before = step_samples(params, batch, engines.critic)
-    steps, vmask = before.steps, before.value_mask.bool()
+    samples = step_samples(batch)
+    steps, vmask = samples.credit.steps, samples.value_mask.bool()
+
+    def values_and_credit() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        values = score(models, samples, update_settings(params), on_policy=True).values
+        return values, *samples.credit.advantages(values, estimator_settings(params))
+
+    values, advantages, returns = values_and_credit()
     assert vmask.sum(-1).tolist() == [1] * len(steps)
     assert (vmask.nonzero()[:, 1] == steps.prompt_length - 1).all()
-    assert ((before.values != 0) <= vmask).all() and ((before.returns != 0) <= vmask).all()
-    assert (before.advantages[steps.action_mask == 0] == 0).all()
+    assert ((values != 0) <= vmask).all() and ((returns != 0) <= vmask).all()
+    assert (advantages[steps.action_mask == 0] == 0).all()
 
-    metrics = rl_step(params, engines, batch)
-    after = step_samples(params, batch, engines.critic)
-    error = lambda s: (s.values - before.returns)[vmask].abs().mean()  # noqa: E731
+    metrics = update_from_rollout(params, models, batch)
+    after, _, _ = values_and_credit()
+    error = lambda v: (v - returns)[vmask].abs().mean()  # noqa: E731
     assert "value_loss" in metrics and "explained_variance" in metrics
-    assert error(after) < error(before)
+    assert error(after) < error(values)
 
 
 def test_grpo_without_the_loss_mask_trains_observations_with_their_turns_advantage() -> None:
     """The ablation is not a rescale: the loss reads observation tokens, and they carry the advantage."""
-    from agent_r1.training.trainer import batch_advantages, policy_loss_mask
+    from agent_r1.training.loop import estimator_settings
+    from agent_r1.training.samples import flat_samples
 
     batch = turn_samples(2)
-    params = tiny_params()
-    on, _ = batch_advantages(params, batch)
-    off_params = params.model_copy(update={"algorithm": params.algorithm.model_copy(update={"loss_mask": False})})
-    off, _ = batch_advantages(off_params, batch)
+    est = estimator_settings(tiny_params())
+    on_samples, off_samples = flat_samples(batch, loss_masked=True), flat_samples(batch, loss_masked=False)
+    on, _ = on_samples.credit.advantages(None, est)
+    off, _ = off_samples.credit.advantages(None, est)
     obs = (batch.action_mask == 0) & (batch.turn_index >= 0)
     assert (on[obs] == 0).all() and (off[obs] != 0).all()
     assert torch.equal(off[batch.action_mask == 1], on[batch.action_mask == 1])
     assert torch.equal(off[:, 7:10], on[:, 6:7].expand(-1, 3))  # turn 0's observation: its action's advantage
-    assert (policy_loss_mask(off_params, batch)[obs] == 1).all()
+    assert (off_samples.loss_mask[obs] == 1).all() and (on_samples.loss_mask[obs] == 0).all()

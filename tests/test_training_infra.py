@@ -19,13 +19,8 @@ from transformers import AutoModelForCausalLM, LlamaForCausalLM
 from agent_r1.config import TrainConfig
 from agent_r1.training.checkpoint import LATEST, export_hf, full_state_dict, load_latest, save_checkpoint
 from agent_r1.training.engines import ds_config, init_distributed, make_engine, make_reference, optimizer_groups, unwrap
-from agent_r1.training.logprobs import (
-    batched_token_logprobs,
-    batched_values,
-    micro_batches,
-    select_rows,
-    token_logprobs,
-)
+from agent_r1.training.batching import micro_batches, select_rows
+from agent_r1.training.logprobs import batched_token_logprobs, batched_values, token_logprobs
 from agent_r1.training.models import ValueModel, load_policy
 
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))

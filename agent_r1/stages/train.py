@@ -78,7 +78,7 @@ def train(
 
     from agent_r1.evaluation.evaluate import validation_questions
     from agent_r1.training.distributed import is_rank0, shutdown_distributed
-    from agent_r1.training.trainer import train_rl
+    from agent_r1.training.loop import train_rl
 
     init = sft if exp.init == "sft" else policy
     started = time.monotonic()

@@ -1,4 +1,5 @@
-"""Resumable checkpoints of several engines, and Hugging Face exports.
+"""Resumable checkpoints of several DeepSpeed models, Hugging Face exports, and which
+checkpoint a run may resume from (its fingerprint).
 
 Layout under ``root``::
 
@@ -16,23 +17,23 @@ them can be resumed (:func:`published_steps`, :func:`load_checkpoint`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
 import re
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
-from agent_r1.accelerator import select_accelerator
-from agent_r1.io import atomic_dir, atomic_path, fsync_path, fsync_tree, write_json
+from agent_r1.config import Params, plugin_refs
+from agent_r1.io import atomic_dir, atomic_path, fsync_path, fsync_tree, hash_files, hash_tree, write_json
+from agent_r1.registry import ref_source
 from agent_r1.training.distributed import barrier, is_rank0
-from agent_r1.training.engines import bucket_elements, unwrap
+from agent_r1.training.engines import unwrap
 from agent_r1.training.logprobs import unwrap_engine
 
 log = logging.getLogger(__name__)
@@ -191,64 +192,6 @@ def full_state_dict(engine: Any) -> dict[str, torch.Tensor] | None:
     return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
 
 
-# One distinct tensor of a state dict and every name it has there (tied weights: several).
-NamedTensor = tuple[list[str], torch.Tensor]
-
-
-def _distinct_tensors(model: nn.Module) -> list[NamedTensor]:
-    """The model's ``state_dict`` entries (parameters and persistent buffers) in module order,
-    one per tensor: a tied weight comes once, with all its names."""
-    tensors: dict[int, NamedTensor] = {}
-    for name, tensor in model.state_dict(keep_vars=True).items():
-        tensors.setdefault(id(tensor), ([], tensor))[0].append(name)
-    return list(tensors.values())
-
-
-def _full_numel(tensor: torch.Tensor) -> int:
-    return getattr(tensor, "ds_numel", tensor.numel())  # a ZeRO-3 parameter's numel() is its shard's
-
-
-def _buckets(tensors: list[NamedTensor], max_elements: int) -> list[list[NamedTensor]]:
-    """Consecutive runs of ``tensors`` of at most ``max_elements`` elements (a larger tensor alone)."""
-    buckets: list[list[NamedTensor]] = []
-    size = 0
-    for entry in tensors:
-        n = _full_numel(entry[1])
-        if not buckets or size + n > max_elements:
-            buckets.append([])
-            size = 0
-        buckets[-1].append(entry)
-        size += n
-    return buckets
-
-
-def gathered_weight_buckets(engine: Any, max_elements: int | None = None) -> Iterator[dict[str, torch.Tensor]]:
-    """The engine's weights with the Hugging Face model's key names, a bucket at a time, whole on every rank.
-
-    Collective under ZeRO-3, every rank must iterate to the end: each bucket is
-    one ``deepspeed.zero.GatheredParameters`` (an all-gather of the bucket's
-    shards) after which every rank holds the full tensors, so nothing goes
-    through rank 0 or is broadcast. A bucket's tensors are the gathered
-    parameters themselves, re-partitioned when the next bucket is asked for:
-    copy what you keep. Peak extra memory is one bucket: ``max_elements``
-    (default :func:`~agent_r1.training.engines.bucket_elements` of the model,
-    the size of ZeRO's own buckets); a larger tensor comes alone. Persistent
-    buffers are not partitioned and come as they are (as in the consolidated
-    state dict). Without ZeRO-3 the buckets are the module's own tensors.
-    """
-    select_accelerator()  # before deepspeed's first import: it picks its accelerator then
-    import deepspeed
-
-    tensors = _distinct_tensors(unwrap(engine))
-    if max_elements is None:
-        sizes = [_full_numel(t) for _, t in tensors]
-        max_elements = bucket_elements(sum(sizes), max(sizes, default=0))
-    for bucket in _buckets(tensors, max_elements):
-        params = [t for _, t in bucket if hasattr(t, "ds_id")]
-        with deepspeed.zero.GatheredParameters(params):  # no modifier_rank: read only, nothing broadcast on exit
-            yield {name: t.detach() for names, t in bucket for name in names}
-
-
 def export_hf(engine: Any, tokenizer: Any, out_dir: str | Path) -> None:
     """Write the engine's model as a plain transformers (safetensors) folder, atomically.
 
@@ -278,3 +221,114 @@ def read_latest(root: str | Path) -> dict[str, Any] | None:
         return None
     except json.JSONDecodeError as exc:  # cannot happen with atomic writes; say where if it does
         raise ValueError(f"{path}: not valid JSON ({exc})") from None
+
+
+# ------------------------------------------------------------------ what a resumed run must share
+# The agent_r1 sources a run's weights and metrics depend on (params cover the settings).
+TRAINING_CODE: tuple[str, ...] = (
+    "training", "algorithms", "env", "rollout", "retrieval", "evaluation/aggregate.py", "config.py", "registry.py",
+    "accelerator.py", "data/answers.py",
+)
+FINGERPRINT_PARTS: dict[str, str] = {
+    "params": "params",
+    "init_model": "init model (its files' content)",
+    "code": "training code (with the plugins')",
+    "data": "data (questions or index)",
+}
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, (np.ndarray, np.generic)):
+        return obj.tolist()  # str() of a long array elides its middle
+    return str(obj)
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=_json_default).encode()).hexdigest()
+
+
+PACKAGE = Path(__file__).resolve().parents[1]  # agent_r1/
+
+
+def code_hash(package: Path = PACKAGE) -> str:
+    """Content hash of the :data:`TRAINING_CODE` sources under ``package``."""
+    files: list[tuple[str, Path]] = []
+    for entry in TRAINING_CODE:
+        found = sorted((package / entry).rglob("*.py")) if (package / entry).is_dir() else [package / entry]
+        files += [(f.relative_to(package).as_posix(), f) for f in found]
+    return hash_files(files)
+
+
+def plugin_code_hash(ref: str) -> str | None:
+    """Content hash of the Python sources of the user package (or module) a plugin ``ref`` lives in."""
+    source = ref_source(ref)
+    if source is None:
+        return None
+    files = sorted(source.rglob("*.py")) if source.is_dir() else [source]
+    return hash_files([(f.relative_to(source.parent).as_posix(), f) for f in files])
+
+
+def index_identity(index_path: str | Path) -> str:
+    """An index folder's content hash; a server's URL (what it serves is its own business)."""
+    return hash_tree(index_path) if Path(index_path).is_dir() else str(index_path)
+
+
+def run_fingerprint(
+    params: Params, init_model: Path, index_path: str | Path, train_questions: list[dict], eval_questions: list[dict]
+) -> dict[str, str]:
+    """What a checkpoint must share with this run to be resumed, part by part (see
+    :data:`FINGERPRINT_PARTS`): everything but the step count, the logging
+    cadence (so raising ``train.steps`` continues a run) and where the ranks run."""
+    where = {"hostfile", "master_addr", "master_port", "launcher"}
+    cfg = params.model_dump(exclude={"experiments": True, "schedule": True, "train": {"steps", "save_every", "eval_every", *where}})
+    code = code_hash()
+    if refs := plugin_refs(params):  # the user's tools, rewards, estimator... are training code too
+        code = _digest([code, sorted({plugin_code_hash(ref) or "" for ref in refs.values()})])
+    return {
+        "params": _digest(cfg),
+        "init_model": hash_tree(init_model),
+        "code": code,
+        "data": _digest([index_identity(index_path), train_questions, eval_questions]),
+    }
+
+
+def changed_parts(stored: Any, current: dict[str, str]) -> list[str]:
+    """Which parts of the fingerprint differ (all, for a checkpoint of an older format)."""
+    if not isinstance(stored, dict):
+        return ["fingerprint (written by an older version of agent_r1)"]
+    return [FINGERPRINT_PARTS[k] for k in current if stored.get(k) != current[k]]
+
+
+def resume_step(checkpoint_dir: Path, fingerprint: dict[str, str], steps: int) -> int | None:
+    """The kept checkpoint this run resumes from: the newest at or below ``steps`` of the
+    same run; ``None`` (start afresh) otherwise, saying why."""
+    latest = read_latest(checkpoint_dir)
+    if latest is None:
+        return None
+    changed = changed_parts(latest.get("fingerprint"), fingerprint)
+    if changed:
+        log.warning("%s holds a run with other %s: starting afresh", checkpoint_dir, ", ".join(changed))
+        return None
+    kept = published_steps(checkpoint_dir)
+    usable = [s for s in kept if s <= steps]
+    if not usable:
+        log.warning("%s: train.steps is %d, below every kept checkpoint (steps %s): training afresh",
+                    checkpoint_dir, steps, kept)
+        return None
+    if usable[-1] < int(latest["step"]):
+        log.info("train.steps is %d, below the checkpoint's %d: resuming from the kept one at step %d",
+                 steps, latest["step"], usable[-1])
+    return usable[-1]
+
+
+# ------------------------------------------------------------------ helpers
+def evaluates_at(step: int, cfg: Any) -> bool:
+    """Whether 0-based ``step`` ends with a held-out evaluation (and the last step always does)."""
+    return (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps
+
+
+def scheduled(history: list[dict[str, float]], cfg: Any) -> list[dict[str, float]]:
+    """A resumed history as this run's schedule has it: evaluations only where it evaluates
+    (a checkpoint of a run with more steps may hold one where this run has none)."""
+    return [m if evaluates_at(i, cfg) else {k: v for k, v in m.items() if not k.startswith("eval/")}
+            for i, m in enumerate(history)]

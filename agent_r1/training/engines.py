@@ -127,7 +127,7 @@ def make_engine(model: nn.Module, cfg: TrainConfig, lr: float) -> deepspeed.Deep
     """
     _, world = init_distributed()
     model = _as_engine_module(model)
-    if cfg.pack and isinstance(model, LogprobModel):  # the actor's updates run packed (trainer.update_actor)
+    if cfg.pack and isinstance(model, LogprobModel):  # the actor's updates run packed (update.update_actor)
         use_packed_attention(model.lm)
     # fused: one pass over the flat fp32 partition; the per-tensor loop makes two temporaries
     # of the model's size (the sqrt and its scaling), 1 GB at the step's memory peak for 135M

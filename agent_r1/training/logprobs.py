@@ -25,6 +25,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from agent_r1.accelerator import select_accelerator
+from agent_r1.training.batching import equalize_micro_batches, max_over_ranks, micro_batches, select_rows  # noqa: E402
 
 PACKED_ATTENTION = "agent_r1_packed"
 
@@ -63,90 +64,9 @@ def use_packed_attention(lm: nn.Module) -> None:
     lm.config._attn_implementation = PACKED_ATTENTION
 
 
-def micro_batches(lengths: list[int], token_budget: int, packed: bool = False) -> list[list[int]]:
-    """Group row indices so that each group's computed tokens fit ``token_budget``.
-
-    Padded (``packed=False``): ``max length in group × group size <= budget``;
-    rows are sorted by length (longest first, ties by index) so that rows of
-    similar length share a micro-batch and little padding is computed.
-    Packed: ``sum of lengths <= budget``, first-fit over the same order.
-    A row longer than the budget gets a micro-batch of its own. Deterministic.
-    """
-    if token_budget < 1:
-        raise ValueError(f"token_budget must be >= 1, got {token_budget}")
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    groups: list[list[int]] = []
-    if packed:
-        room: list[int] = []
-        for i in order:
-            fit = next((g for g, r in enumerate(room) if lengths[i] <= r), None)
-            if fit is None:
-                groups.append([i])
-                room.append(token_budget - lengths[i])
-            else:
-                groups[fit].append(i)
-                room[fit] -= lengths[i]
-        return groups
-    for i in order:
-        # rows arrive longest first, so a group's max length is its first row's
-        if groups and lengths[groups[-1][0]] * (len(groups[-1]) + 1) <= token_budget:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    return groups
-
-
-def computed_positions(lengths: list[int], groups: list[list[int]], packed: bool = False) -> int:
-    """Positions the forwards compute over ``groups``: padded to each group's longest row, or packed (no padding)."""
-    if packed:
-        return sum(lengths[i] for g in groups for i in g)
-    return sum(len(g) * max(lengths[i] for i in g) for g in groups if g)
-
-
 def partitioned(model: nn.Module) -> bool:
     """True when the model's weights are ZeRO-3 shards (every forward is then a collective)."""
     return any(hasattr(p, "ds_id") for p in unwrap_engine(model).parameters())
-
-
-def max_over_ranks(n: int) -> int:
-    """The largest ``n`` over all ranks (``n`` itself without a process group)."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return n
-    if torch.distributed.get_world_size() == 1:
-        return n
-    on_gpu = torch.distributed.get_backend() == "nccl"  # nccl reduces only device tensors
-    t = torch.tensor([n], dtype=torch.long, device=torch.cuda.current_device() if on_gpu else "cpu")
-    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-    return int(t.item())
-
-
-def equalize_micro_batches(groups: list[list[int]]) -> list[list[int]]:
-    """Pad this rank's micro-batch list with empty groups to the largest count over ranks.
-
-    Why: with several ranks, ZeRO-2 reduces gradients in every ``backward`` and
-    ZeRO-3 gathers weights in every forward; these are collectives, so every
-    rank must run the same number of forward/backward passes per optimizer
-    step, or the job deadlocks. Run an empty group as a placeholder: any real
-    row (e.g. ``select_rows(batch, rows or [0])``) with its loss multiplied by
-    0, which adds exactly nothing to the gradient. Collective: all ranks call it.
-    """
-    return groups + [[] for _ in range(max_over_ranks(len(groups)) - len(groups))]
-
-
-def select_rows(tensors: dict[str, torch.Tensor], rows: list[int], mask_key: str = "attention_mask") -> dict[str, torch.Tensor]:
-    """Rows ``rows`` of every ``[B, ...]`` tensor; those shaped ``[B, T, ...]`` (T = the
-    mask's width) are cut to the longest selected row, to skip computing on padding.
-
-    Assumes right padding (``tensors[mask_key]`` is 1 then 0 in each row).
-    """
-    index = torch.as_tensor(rows, dtype=torch.long, device=tensors[mask_key].device)
-    width = int(tensors[mask_key].index_select(0, index).sum(-1).max())
-    full_width = tensors[mask_key].shape[1]
-    out = {}
-    for key, value in tensors.items():
-        value = value.index_select(0, index.to(value.device))
-        out[key] = value[:, :width] if value.ndim >= 2 and value.shape[1] == full_width else value
-    return out
 
 
 def _chunk_logprobs(

@@ -28,7 +28,7 @@ from agent_r1.rollout.trajectory import TrajectoryBatch
 from agent_r1.training.checkpoint import export_hf
 from agent_r1.training.engines import make_engine
 from agent_r1.training.expert import ExpertEngine, expert_plan
-from agent_r1.training.logprobs import micro_batches, select_rows
+from agent_r1.training.batching import micro_batches, select_rows
 from agent_r1.training.models import load_policy
 
 log = logging.getLogger(__name__)

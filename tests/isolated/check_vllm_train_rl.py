@@ -22,7 +22,7 @@ from agent_r1.rollout.transformers_engine import TransformersEngine  # noqa: E40
 from agent_r1.rollout.vllm_engine import VLLMEngine  # noqa: E402
 from agent_r1.rollout.vllm_setup import usable_cores  # noqa: E402
 from agent_r1.smoke import tiny_policy as make_tiny_policy  # noqa: E402
-from agent_r1.training.trainer import train_rl  # noqa: E402
+from agent_r1.training.loop import train_rl  # noqa: E402
 
 # float32 vLLM vs a float32 transformers forward of the same weights agree to ~3e-5 (check_vllm_engine.py);
 # one step at this learning rate moves the tiny model's logprobs by more than 20 x TOL.

@@ -31,7 +31,7 @@ import torch
 
 from agent_r1.config import Params
 from agent_r1.rollout import continuous, transformers_engine  # the decoding loops that sample
-from agent_r1.training import checkpoint, trainer
+from agent_r1.training import checkpoint, loop
 
 STATE: dict[str, Any] = {"step": 0, "saving": None, "samples": 0, "saves": 0}
 
@@ -45,7 +45,7 @@ def arm(kill: str, kill_step: int, resumes_at: int) -> None:
     rollout is counted from ``resumes_at``, the checkpoint the run starts from."""
     import agent_r1.rollout
 
-    run_episodes, save_checkpoint, export_hf = agent_r1.rollout.run_episodes, trainer.save_checkpoint, trainer.export_hf
+    run_episodes, save_checkpoint, export_hf = agent_r1.rollout.run_episodes, loop.save_checkpoint, loop.export_hf
     sample_tokens, torch_save, write_json = transformers_engine.sample_tokens, torch.save, checkpoint.write_json
     STATE["step"] = resumes_at
 
@@ -83,7 +83,7 @@ def arm(kill: str, kill_step: int, resumes_at: int) -> None:
             die()
         return export_hf(*args, **kwargs)
 
-    agent_r1.rollout.run_episodes, trainer.save_checkpoint, trainer.export_hf = playing, saving, exporting
+    agent_r1.rollout.run_episodes, loop.save_checkpoint, loop.export_hf = playing, saving, exporting
     transformers_engine.sample_tokens = continuous.sample_tokens = sampling  # each loop looks up its own name
     torch.save, checkpoint.write_json = torch_saving, publishing
 
@@ -105,7 +105,7 @@ def main() -> None:
     if args.kill is not None:
         latest = checkpoint.read_latest(out / "ckpt")
         arm(args.kill, args.kill_step, resumes_at=0 if latest is None else int(latest["step"]))
-    summary = trainer.train_rl(
+    summary = loop.train_rl(
         params, init_model=Path(args.policy), index_path=Path(args.index),
         train_questions=questions[questions["split"] == "train"].to_dict("records"),
         eval_questions=questions[questions["split"] == "test"].to_dict("records")[:2],

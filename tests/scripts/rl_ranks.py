@@ -11,7 +11,7 @@ import pandas as pd
 
 from agent_r1.config import Params
 from agent_r1.training.distributed import shutdown_distributed
-from agent_r1.training.trainer import train_rl
+from agent_r1.training.loop import train_rl
 
 
 def main() -> None:

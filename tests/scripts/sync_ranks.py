@@ -30,8 +30,9 @@ from agent_r1.rollout.transformers_engine import TransformersEngine
 from agent_r1.training.checkpoint import full_state_dict
 from agent_r1.training.distributed import shutdown_distributed
 from agent_r1.training.engines import init_distributed, make_engine, unwrap  # sets DS_ACCELERATOR first
-from agent_r1.training.logprobs import select_rows, token_logprobs
-from agent_r1.training.trainer import sync_rollout_weights
+from agent_r1.training.batching import select_rows
+from agent_r1.training.logprobs import token_logprobs
+from agent_r1.training.weight_sync import sync_rollout_weights
 
 OBJECT_COLLECTIVES = ("broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list")
 
