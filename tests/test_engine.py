@@ -69,7 +69,7 @@ def test_logprobs_match_a_teacher_forced_pass(dtype: str, mean_tol: float, max_t
     rounded differently by cached one-token steps than by one full forward
     (30 layers of bf16 rounding): measured mean 0.03-0.04, max 0.13-0.22, so
     we assert mean < 0.08 and max < 0.6 -- a guard against gross errors
-    (misaligned positions or a temperature-scaled logprob give mean > 0.3).
+    (misaligned positions or a logprob at the wrong temperature give mean > 0.3).
     """
     engine = request.getfixturevalue("fp32" if dtype == "float32" else "bf16")
     prompts = [prompt_ids(engine, q) for q in QUESTIONS]  # different lengths: left padding matters
@@ -139,7 +139,7 @@ def test_stop_checker_sees_strings_split_over_tokens(fp32: TransformersEngine) -
     assert "</search>" not in tok.decode(ids[: first - 1])
 
 
-def test_sample_tokens_top_p_and_temperature_one_logprobs() -> None:
+def test_sample_tokens_top_p_and_sampling_temperature_logprobs() -> None:
     logits = torch.log(torch.tensor([[0.6, 0.3, 0.1]])).repeat(400, 1)
     gen = torch.Generator().manual_seed(0)
     tokens, lps = sample_tokens(logits, temperature=1.0, top_p=0.85, generator=gen)
@@ -148,7 +148,8 @@ def test_sample_tokens_top_p_and_temperature_one_logprobs() -> None:
     tokens, _ = sample_tokens(logits, temperature=1.0, top_p=0.5, generator=gen)
     assert set(tokens.tolist()) == {0}
     tokens, lps = sample_tokens(logits, temperature=0.3, top_p=1.0, generator=gen)
-    assert torch.allclose(lps, torch.log(torch.tensor([0.6, 0.3, 0.1]))[tokens])  # not temperature-scaled
+    scaled = torch.log_softmax(torch.log(torch.tensor([0.6, 0.3, 0.1])) / 0.3, -1)
+    assert torch.allclose(lps, scaled[tokens])  # under the temperature it sampled at, as the trainer scores
     tokens, _ = sample_tokens(logits, temperature=0.0, top_p=1.0, generator=None)
     assert set(tokens.tolist()) == {0}
 
@@ -177,3 +178,38 @@ def test_update_weights_changes_the_policy_and_checks_names(fp32: TransformersEn
     finally:
         fp32.update_weights(original)
     assert fp32.generate([p], 6, temperature=0)[0] == before
+
+
+def test_the_continuous_session_plays_turns_as_generate_does(fp32: TransformersEngine) -> None:
+    """The engine's turn session keeps each episode's KV cache across turns: its greedy turns equal
+    ``generate`` on the same contexts, for new episodes (3 in 2 slots), a context that extends the
+    last one and a context that replaces it; a dropped episode gets no more turns."""
+    from agent_r1.rollout.engine import TurnSettings
+
+    def alone(context: list[int]) -> list[int]:
+        return fp32.generate([context], 6, temperature=0)[0].token_ids
+
+    def play(session) -> dict:
+        ended = {}
+        while turns := session.step():
+            ended.update(turns)
+        return ended
+
+    prompts = [prompt_ids(fp32, q) for q in QUESTIONS[:3]]
+    session = fp32.open_turns(TurnSettings(max_new_tokens=6, max_total_tokens=512, temperature=0.0, top_p=1.0, slots=2))
+    for key, prompt in enumerate(prompts):
+        session.add(key, prompt)
+    with pytest.raises(ValueError, match="already has a turn queued"):
+        session.add(0, prompts[0])
+    first = play(session)
+    assert sorted(first) == [0, 1, 2]
+    assert all(first[k].token_ids == alone(p) for k, p in enumerate(prompts))
+
+    follow_up = fp32.tokenizer("\n<|im_start|>user\nAnd Italy?<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+    extended = prompts[0] + first[0].token_ids + follow_up
+    session.add(0, extended)
+    session.add(1, prompts[2])  # replaced: only the prefix it shares with episode 1's context is reused
+    session.drop(2)
+    second = play(session)
+    assert sorted(second) == [0, 1]
+    assert second[0].token_ids == alone(extended) and second[1].token_ids == alone(prompts[2])

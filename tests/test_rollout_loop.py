@@ -280,13 +280,13 @@ def fp32_engine(model_dir: Path) -> TransformersEngine:
     return TransformersEngine(model_dir, dtype="float32")
 
 
-def teacher_forced_diff(model, batch: TrajectoryBatch) -> torch.Tensor:
-    """|rollout logprob - teacher-forced logprob| of every action token, float32."""
+def teacher_forced_diff(model, batch: TrajectoryBatch, temperature: float) -> torch.Tensor:
+    """|rollout logprob - teacher-forced logprob at the sampling temperature| of every action token, float32."""
     act = batch.action_mask[:, 1:] == 1  # position t predicts token t + 1
     with torch.inference_mode():
         hidden = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
         logits = hidden[:, :-1][act].float() @ model.get_output_embeddings().weight.float().T
-    tf = torch.log_softmax(logits, -1).gather(-1, batch.input_ids[:, 1:][act][:, None]).squeeze(-1)
+    tf = torch.log_softmax(logits / temperature, -1).gather(-1, batch.input_ids[:, 1:][act][:, None]).squeeze(-1)
     return (tf - batch.rollout_logprobs[:, 1:][act]).abs()
 
 
@@ -303,7 +303,7 @@ def test_real_engine_and_env_rollout_is_token_exact(fmt: str, fp32_engine: Trans
     cfg = rollout_cfg(n=2, max_new_tokens=24, max_total_tokens=1024, batch_size=4, seed=1, continuous=False)
     batch = run_episodes(engine, env, tokenizer, RECORDS, cfg)
     check_token_exact(batch, engine.calls)
-    diff = teacher_forced_diff(fp32_engine.model, batch)
+    diff = teacher_forced_diff(fp32_engine.model, batch, cfg.temperature)
     turns = [i["turns"] for i in batch.info]
     print(f"\n{fmt}: turns {turns}, terminations {[i['termination'] for i in batch.info]}, "
           f"teacher-forced |diff| mean {diff.mean():.2e} max {diff.max():.2e} over {len(diff)} action tokens")
@@ -342,7 +342,7 @@ def test_continuous_rollout_computes_each_token_once_and_matches_teacher_forcing
         batch = run_episodes(fp32_engine, env, tokenizer, RECORDS, cfg)
         stats, final = fp32_engine.stats, int(batch.attention_mask.sum())
         turns = [i["turns"] for i in batch.info]
-        diff = teacher_forced_diff(fp32_engine.model, batch)
+        diff = teacher_forced_diff(fp32_engine.model, batch, cfg.temperature)
         print(f"\ncontinuous={continuous}: turns {turns}, final tokens {final}, stats {stats}, "
               f"re-prefill work {reprefill_work(batch)}, |diff| mean {diff.mean():.2e} max {diff.max():.2e}")
         assert diff.mean() < 1e-4 and diff.max() < 1e-3
@@ -452,7 +452,7 @@ def test_real_engine_sees_the_managed_context_and_steps_score_the_same(continuou
     cfg = rollout_cfg(n=2, max_new_tokens=24, max_total_tokens=1024, batch_size=3, seed=3, continuous=continuous)
     batch = run_episodes(fp32_engine, env, tokenizer, RECORDS, cfg)
     steps = steps_from_trajectories(batch)
-    diff = teacher_forced_diff(fp32_engine.model, steps)
+    diff = teacher_forced_diff(fp32_engine.model, steps, cfg.temperature)
     managed = [k for r, c in enumerate(batch.contexts) for k in range(1, len(c))
                if c[k] != batch.input_ids[r, : len(c[k])].tolist()]
     print(f"\ncontinuous={continuous}: turns {[i['turns'] for i in batch.info]}, stats {fp32_engine.stats}, "
@@ -461,3 +461,31 @@ def test_real_engine_sees_the_managed_context_and_steps_score_the_same(continuou
     assert diff.mean() < 1e-4 and diff.max() < 1e-3
     if continuous:
         assert fp32_engine.stats["row_tokens"] < int(steps.attention_mask.sum())
+
+
+def test_the_default_session_is_one_generate_call_per_turn_shortest_first(tokenizer) -> None:
+    """An engine without a session of its own plays each turn as ``generate`` calls of at most
+    ``slots`` contexts, sorted by length (ties in the order first added), the i-th call seeded by
+    the i-th draw of ``random.Random(seed)``; and it shares no weights."""
+    import random
+
+    from agent_r1.rollout.engine import TurnByTurnSession, TurnSettings
+
+    seeds: list[int] = []
+
+    class SeedRecordingEngine(ScriptedEngine):
+        def generate(self, prompts, max_new_tokens, temperature=1.0, top_p=1.0, stop_strings=(), seed=None):
+            seeds.append(seed)
+            return super().generate(prompts, max_new_tokens, temperature, top_p, stop_strings, seed)
+
+    engine = SeedRecordingEngine(tokenizer, ["<answer>x</answer>"])
+    session = engine.open_turns(TurnSettings(max_new_tokens=4, max_total_tokens=7, temperature=1.0, top_p=1.0, slots=2), seed=5)
+    assert isinstance(session, TurnByTurnSession) and engine.share_weights({}) is False
+    for key, context in (("a", [1, 2, 3, 4, 5]), ("b", [1, 2, 3]), ("c", [9, 8, 7, 6, 5])):
+        session.add(key, context)
+    ended = session.step()
+    assert [key for key, _ in ended] == ["b", "a", "c"]
+    assert [(prompt, limit) for prompt, limit, _ in engine.calls] == [([1, 2, 3], 4), ([1, 2, 3, 4, 5], 2), ([9, 8, 7, 6, 5], 2)]
+    draws = random.Random(5)
+    assert seeds == [draws.getrandbits(63), draws.getrandbits(63)]
+    assert session.step() == []

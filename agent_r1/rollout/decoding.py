@@ -40,11 +40,13 @@ def check_generate_args(
 def sample_tokens(
     logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick one token per row of float32 ``logits`` [B, V]; return (tokens, their temperature-1 logprobs)."""
-    logprobs = torch.log_softmax(logits, dim=-1)
+    """Pick one token per row of float32 ``logits`` [B, V]; return (tokens, their logprobs under the
+    sampling temperature, before top-p: ``log_softmax(logits / temperature)``, raw logits when greedy)."""
     if temperature == 0:
         tokens = logits.argmax(dim=-1)
+        logprobs = torch.log_softmax(logits, dim=-1)
     else:
+        logprobs = torch.log_softmax(logits / temperature, dim=-1)
         probs = torch.softmax(logits / temperature, dim=-1)
         if top_p < 1.0:
             sorted_probs, order = probs.sort(dim=-1, descending=True)

@@ -12,16 +12,17 @@ transformers engine's KV caches, :mod:`agent_r1.rollout.continuous`) opens its
 own session; the default, :class:`TurnByTurnSession`, is one ``generate`` call
 per turn.
 
-Logprob convention (every engine): ``logprobs[i]`` is
-``log_softmax(model_logits)[token_ids[i]]`` of the model's raw logits, i.e. at
-temperature 1 and before top-p filtering, whatever temperature/top_p were used
-to *sample*. That is the quantity the trainer's teacher-forced pass recomputes
-(``log_softmax(logits).gather(ids)``), so the two can be compared directly and
-used as the behaviour policy's logprobs in importance ratios. (With
-temperature != 1 the true sampling distribution differs; recompute it from
-these if a consumer needs it.) TransformersEngine applies the output projection
-in float32 (bf16 logits are rounded to 0.125 steps); a trainer that wants to
-match it to ~1e-2 in bf16 should do the same.
+Logprob convention (every engine): ``logprobs[i]`` is the sampled token's log-probability
+under the temperature it was sampled at, before top-p filtering:
+``log_softmax(model_logits / temperature)[token_ids[i]]`` (the raw logits when greedy).
+That is the distribution the trainer optimises and scores (it scores at
+``rollout.temperature``), so the two can be compared directly (the trainer logs
+the gap as ``train/rollout_mismatch``) and used as the behaviour policy's
+logprobs in importance ratios. vLLM's ``processed_logprobs`` are the same when
+``top_p`` is 1 (with ``top_p`` < 1 vLLM renormalises them over the nucleus).
+TransformersEngine applies the output projection in float32 (bf16 logits are
+rounded to 0.125 steps); a trainer that wants to match it to ~1e-2 in bf16
+should do the same.
 """
 
 from __future__ import annotations

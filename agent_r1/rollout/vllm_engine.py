@@ -2,9 +2,10 @@
 
 Same contract as :class:`~agent_r1.rollout.transformers_engine.TransformersEngine`:
 
-- logprobs are vLLM's ``raw_logprobs`` of the sampled tokens: ``log_softmax``
-  of the raw logits (temperature 1, before top-p), i.e. the module convention
-  of :mod:`agent_r1.rollout.engine`. vLLM computes the output projection in
+- logprobs are vLLM's ``processed_logprobs`` of the sampled tokens: ``log_softmax``
+  of the temperature-scaled logits, i.e. the module convention of
+  :mod:`agent_r1.rollout.engine` when ``top_p`` is 1 (below 1 vLLM renormalises
+  them over the nucleus). vLLM computes the output projection in
   the model dtype, so in bfloat16 the logits carry bf16 rounding (~0.04 in a
   logprob, see the engine module doc); use ``dtype="float32"`` where the
   behaviour logprobs must match the trainer tightly;
@@ -177,7 +178,7 @@ class VLLMEngine(GenerationEngine):
             max_num_seqs=max_num_seqs,
             **platform,
             enable_prefix_caching=enable_prefix_caching,
-            logprobs_mode="raw_logprobs",
+            logprobs_mode="processed_logprobs",
             generation_config="vllm",  # no sampling defaults from generation_config.json
             **llm_kwargs,
         )

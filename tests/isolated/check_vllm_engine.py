@@ -66,22 +66,28 @@ def prompt_ids(tok, question: str) -> list[int]:
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
-def teacher_forced(ref: TransformersEngine, prompt: list[int], out: GenerationOutput) -> torch.Tensor:
-    """log_softmax of one float32 forward over prompt + generated ids, at the generated ids."""
+def teacher_forced(ref: TransformersEngine, prompt: list[int], out: GenerationOutput, temperature: float = 1.0) -> torch.Tensor:
+    """log_softmax (at the sampling temperature) of one float32 forward over prompt + generated ids, at the generated ids."""
     ids = torch.tensor([prompt + out.token_ids])
     with torch.inference_mode():
         logits = ref.model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(out.token_ids)[:, None]).squeeze(-1)
+    return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(out.token_ids)[:, None]).squeeze(-1)
 
 
 def max_diff(ref: TransformersEngine, prompts: list[list[int]], outs: list[GenerationOutput]) -> float:
-    return max((torch.tensor(o.logprobs) - teacher_forced(ref, p, o)).abs().max().item() for p, o in zip(prompts, outs))
+    """Greedy outputs against temperature 1, sampled ones (the second half) against SAMPLING_TEMPERATURE."""
+    temps = [1.0] * (len(prompts) // 2) + [SAMPLING_TEMPERATURE] * (len(prompts) - len(prompts) // 2)
+    return max((torch.tensor(o.logprobs) - teacher_forced(ref, p, o, t)).abs().max().item()
+               for p, o, t in zip(prompts, outs, temps))
+
+
+SAMPLING_TEMPERATURE = 0.7  # top_p 1: vLLM's processed logprobs are then the scaled log-softmax
 
 
 def run(engine, prompts: list[list[int]]) -> list[GenerationOutput]:
     """Greedy with a stop string, and seeded sampling, on the same prompts."""
     greedy = engine.generate(prompts, 24, temperature=0.0, stop_strings=[STOP])
-    sampled = engine.generate(prompts, 16, temperature=1.0, top_p=0.9, seed=5)
+    sampled = engine.generate(prompts, 16, temperature=SAMPLING_TEMPERATURE, seed=5)
     return greedy + sampled
 
 
@@ -112,7 +118,7 @@ def test_generate_stops_and_logprobs_match_teacher_forced(engine, reference) -> 
     assert [o.finish_reason for o in outs[: len(prompts)]] == [o.finish_reason for o in ref_greedy]
 
     # seeded sampling is reproducible
-    again = engine.generate(prompts, 16, temperature=1.0, top_p=0.9, seed=5)
+    again = engine.generate(prompts, 16, temperature=SAMPLING_TEMPERATURE, seed=5)
     assert [o.token_ids for o in again] == [o.token_ids for o in outs[len(prompts) :]]
 
     diff = max_diff(reference, prompts + prompts, outs)
