@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import urlsplit
@@ -42,6 +42,33 @@ class _Strict(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+class PluginOptions(_Strict):
+    """The base of a plugin's ``Options``: its own settings in params.yaml (``env.tool_options.<tool>``,
+    ``env.reward.options``, ``data.options``, ``algorithm.options``; see :mod:`agent_r1.registry`).
+
+    As everywhere in the params, an unknown key is an error and no value is NaN or infinite;
+    the defaults of a plugin's settings live in its ``Options`` fields.
+    """
+
+
+def _option_problems(key: str, registry: Registry, value: str, raw: Mapping[str, Any]) -> list[str]:
+    """``key.option: problem`` for each setting in ``raw`` that ``value`` (an entry of ``registry``)
+    rejects through its ``Options`` (:meth:`Registry.options`); [] when they are all fine."""
+    try:
+        registry.options(value, raw)
+    except ValidationError as exc:
+        return [_describe({**err, "loc": (key, *err["loc"])}) for err in exc.errors()]
+    except ValueError as exc:
+        return [f"{key}: {exc}"]
+    return []
+
+
+def _raise_problems(problems: list[str]) -> None:
+    """One validator error holding every problem (each names its own key)."""
+    if problems:
+        raise ValueError("; ".join(dict.fromkeys(problems)))
 
 
 # ----------------------------------------------------------------------- data
@@ -115,7 +142,8 @@ class DataConfig(_Strict):
     )
     options: dict[str, Any] = Field(
         default_factory=dict,
-        description="free-form settings for plugin sources: each gets them as `self.options` (generate / read)",
+        description="settings of the sources that declare an Options model: each validates them and gets its "
+        "Options instance as `self.options` (generate / read); the built-ins take none",
     )
     synthetic: SyntheticConfig = SyntheticConfig()
     real: RealDataConfig = RealDataConfig()
@@ -170,9 +198,17 @@ class DataConfig(_Strict):
         if both := sorted(set(train) & set(self.test_only)):
             raise ValueError(f"data.test_only: {both} also in data.source; a source is either in-domain or not")
         self._check_real(downloaded)
-        if self.options and not any(is_plugin(s) for s in (*train, *self.test_only)):
-            raise ValueError(f"data.options: only plugin sources read options, and {train + self.test_only} are built-in")
+        self._check_options([*train, *self.test_only])
         return self
+
+    def _check_options(self, named: list[str]) -> None:
+        """``data.options`` go to every source that declares ``Options`` (each validates them), and to no other:
+        options that no source takes are an error."""
+        takers = [s for s in named if DATA_SOURCES.options_model(s) is not None]
+        if self.options and not takers:
+            raise ValueError(f"data.options: none of the sources {named} takes options (a source declares "
+                             "them with an Options model; the built-ins take none)")
+        _raise_problems([p for s in takers for p in _option_problems("data.options", DATA_SOURCES, s, self.options)])
 
     def _check_real(self, downloaded: list[str]) -> None:
         """``data.real`` fits the downloaded sources: keys name them, a plugin publishes the chosen split."""
@@ -363,9 +399,17 @@ class RewardConfig(_Strict):
     scheme: Annotated[str, AfterValidator(_registered(REWARDS))] = Field(
         "paper", description="paper: answer score if the format is valid, else format_score - 1; or package.module:fn"
     )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="the scheme's own settings (its Options, given as `options`); the built-ins take none"
+    )
     answer_metric: Literal["em", "f1"] = Field("f1", description="f1 gives partial credit: a denser signal")
     format_score: float = Field(0.1, ge=0.0, le=1.0)
     process: ProcessRewardConfig = ProcessRewardConfig()
+
+    @model_validator(mode="after")
+    def _scheme_options(self) -> "RewardConfig":
+        _raise_problems(_option_problems("env.reward.options", REWARDS, self.scheme, self.options))
+        return self
 
 
 class ContextConfig(_Strict):
@@ -398,6 +442,11 @@ class EnvConfig(_Strict):
         min_length=1,
         description="the agent's tools, by registered name or package.module:Name (a Tool subclass)",
     )
+    tool_options: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="each tool's own settings, under the name the agent calls it by (a plugin's `name`): "
+        "validated by its Options, given as `self.options`; search takes none",
+    )
     max_turns: int = Field(4, ge=1, le=32, description="assistant turns per episode")
     top_k: int = Field(3, ge=1, le=100, description="documents each search returns to the agent (and Naive RAG)")
     one_shot: bool = Field(True, description="put a one-shot example conversation in the system prompt")
@@ -411,12 +460,31 @@ class EnvConfig(_Strict):
     @classmethod
     def _unique_tools(cls, v: list[str]) -> list[str]:
         # The policy calls a tool by its `name`: two tools of one name could not both be called.
-        # A built-in's tool name is its registered name; a plugin's is its class's `name`
-        # (the plugin is already imported by the item check, so this costs nothing).
-        names = [TOOLS.meta(t, "name", t) for t in v]
-        if repeated := sorted({str(n) for n in names if names.count(n) > 1}):
+        names = [_tool_name(t) for t in v]
+        if repeated := sorted({n for n in names if names.count(n) > 1}):
             raise ValueError(f"each tool name may appear once; repeated: {repeated} (from {v})")
         return v
+
+    @property
+    def tool_names(self) -> list[str]:
+        """The name the agent calls each tool of ``tools`` by, in order: its key in ``tool_options``."""
+        return [_tool_name(t) for t in self.tools]
+
+    @model_validator(mode="after")
+    def _tools_options(self) -> "EnvConfig":
+        names = self.tool_names
+        problems = [f"env.tool_options.{n}: no tool of env.tools is called {n!r}; they are {names}"
+                    for n in self.tool_options if n not in names]
+        for name, ref in zip(names, self.tools):  # a tool without an entry too: its Options may require a key
+            problems += _option_problems(f"env.tool_options.{name}", TOOLS, ref, self.tool_options.get(name, {}))
+        _raise_problems(problems)
+        return self
+
+
+def _tool_name(tool: str) -> str:
+    """The name the agent calls a (valid) ``env.tools`` entry by: a built-in's registered name, a plugin's
+    class ``name`` (the plugin is already imported by the entry's check, so this costs nothing)."""
+    return str(TOOLS.meta(tool, "name", tool))
 
 
 # -------------------------------------------------------------------- rollout
@@ -472,6 +540,10 @@ class AlgorithmConfig(_Strict):
     (``ppo`` = GAE with a critic; the other built-ins are critic-free) or a plugin ``package.module:fn``."""
 
     name: Annotated[str, AfterValidator(_registered(ESTIMATORS))] = "grpo"
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the estimator's own settings (its Options, given as `options`); the built-ins take none",
+    )
     gamma: float = Field(1.0, ge=0.0, le=1.0)
     lam: float = Field(1.0, ge=0.0, le=1.0)
     loss_mask: bool = Field(True, description="policy loss on the agent's own tokens only (paper)")
@@ -492,6 +564,11 @@ class AlgorithmConfig(_Strict):
         "(its prompt as shown + its response), the estimator over step indices (step-level MDP; a critic "
         "reads one value per step, at its last prompt token)",
     )
+
+    @model_validator(mode="after")
+    def _estimator_options(self) -> "AlgorithmConfig":
+        _raise_problems(_option_problems("algorithm.options", ESTIMATORS, self.name, self.options))
+        return self
 
 
 class TrainConfig(_Strict):

@@ -24,6 +24,21 @@ ESTIMATORS       ``algorithm.name``    an advantage function (``agent_r1.algorit
 
 Metadata an entry carries (``needs_critic`` for an estimator) is given to ``add``
 for a built-in and read from the object's attribute of that name for a plugin.
+
+**Options.** An object may take settings of its own from ``params.yaml``: it declares
+them as a pydantic model in its attribute ``Options`` (derive it from
+``agent_r1.config.PluginOptions``: unknown keys are errors), metadata like
+``needs_critic``; one without ``Options`` takes none (no built-in declares any).
+:meth:`Registry.options` validates the raw mapping into an ``Options`` instance,
+defaults filled in: the params check calls it (a bad option fails naming its key),
+and so does whatever builds the object, which receives that instance:
+
+* a tool: ``env.tool_options.<the name the agent calls it by>``, given to
+  ``Tool.from_params(params, index_path, options)`` (by default ``self.options``);
+* a reward scheme: ``env.reward.options``, as ``fn(..., options=...)``;
+* a data source: ``data.options``, given to every named source with ``Options`` as
+  ``DataSource(name, options)`` (``self.options``);
+* an estimator: ``algorithm.options``, as ``fn(..., options=...)`` (``compute_advantages``).
 """
 
 from __future__ import annotations
@@ -33,12 +48,13 @@ import importlib.util
 import inspect
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 PLUGIN_SEPARATOR = ":"
+OPTIONS = "Options"  # the attribute by which an object declares its own settings (a pydantic model class)
 
 
 @dataclass(frozen=True)
@@ -110,6 +126,29 @@ def function_taking(*names: str) -> Callable[[Any], str | None]:
     return check
 
 
+def options_problem(obj: Any) -> str | None:
+    """Why the ``Options`` an object declares cannot be used, or None (also when it declares none).
+
+    ``Options`` must be a pydantic model that forbids unknown keys (a misspelt option must never be
+    ignored), and a function (a reward scheme, an estimator) must take the ``options`` it is given,
+    and may require them only when it declares ``Options`` (without, it is given none).
+    """
+    model = getattr(obj, OPTIONS, None)
+    if model is None:
+        takes = {} if inspect.isclass(obj) or not callable(obj) else inspect.signature(obj).parameters
+        if "options" in takes and takes["options"].default is inspect.Parameter.empty:
+            return f"requires options but declares no {OPTIONS} to validate them"
+        return None
+    from pydantic import BaseModel  # here, not at import: reading the names imports nothing heavy
+
+    if not (inspect.isclass(model) and issubclass(model, BaseModel)) or model.model_config.get("extra") != "forbid":
+        return (f"its {OPTIONS} must be a pydantic model that forbids unknown keys (derive it from "
+                f"agent_r1.config.PluginOptions), got {model!r}")
+    if not inspect.isclass(obj) and function_taking("options")(obj) is not None:
+        return f"declares {OPTIONS} but takes no argument options to receive them"
+    return None
+
+
 class Registry:
     """Names -> objects for one extension point (see the module docstring)."""
 
@@ -125,16 +164,6 @@ class Registry:
             raise ValueError(f"{self.kind} {name!r}: already registered or contains {PLUGIN_SEPARATOR!r}")
         self._entries[name] = Entry(ref, meta)
 
-    def register(self, name: str, **meta: Any) -> Callable[[Any], Any]:
-        """Decorator form of :meth:`add` for an object already imported (a test's, or a notebook's)."""
-
-        def decorate(obj: Any) -> Any:
-            self.add(name, f"{obj.__module__}:{obj.__qualname__}", **meta)
-            self._loaded[name] = obj
-            return obj
-
-        return decorate
-
     def names(self) -> tuple[str, ...]:
         return tuple(self._entries)
 
@@ -148,7 +177,7 @@ class Registry:
             obj = self.load(value)
         except Exception as exc:  # any import-time failure of user code is reported, not raised
             return f"plugin {value!r} could not be imported: {type(exc).__name__}: {exc}"
-        if (why := self._check(obj)) is not None:
+        if (why := self._check(obj) or options_problem(obj)) is not None:
             return f"plugin {value!r} is no {self.kind}: {why}"
         return None
 
@@ -168,6 +197,24 @@ class Registry:
         if is_plugin(value):
             return getattr(self.load(value), key, default)
         return self._entries[value].meta.get(key, default)
+
+    def options_model(self, value: str) -> Any:
+        """The pydantic model of ``value``'s own settings (metadata ``Options``), or None: it takes none."""
+        return self.meta(value, OPTIONS)
+
+    def options(self, value: str, raw: Mapping[str, Any] | None) -> Any:
+        """``value``'s settings: ``raw`` validated by its ``Options`` model (an instance, defaults filled in),
+        or None for an object that takes none.
+
+        Raises pydantic's ``ValidationError`` (a ``ValueError``) for a bad option, and ``ValueError`` for
+        options given to an object without ``Options``.
+        """
+        model = self.options_model(value)
+        if model is None:
+            if raw:
+                raise ValueError(f"{self.kind} {value!r} takes no options (it declares no {OPTIONS}), got {dict(raw)}")
+            return None
+        return model.model_validate(dict(raw or {}))
 
 
 TOOLS = Registry("tool", subclass_of("agent_r1.env.tools:Tool"))
@@ -190,10 +237,11 @@ DATA_SOURCES.add("2wikimultihopqa", "agent_r1.data.official:TwoWikiMultihopQA", 
 DATA_SOURCES.add("musique", "agent_r1.data.official:MuSiQue", downloads=True)
 
 # What ``compute_advantages`` offers an estimator (each gets the ones it names): a plugin may
-# require no other argument; ``needs_critic = True`` on it asks the trainer for ``values``.
+# require no other argument; ``needs_critic = True`` on it asks the trainer for ``values``;
+# ``options`` is its own ``Options`` instance (``algorithm.options`` validated).
 ESTIMATOR_ARGUMENTS = (
     "token_rewards", "action_mask", "group_id", "values", "gamma", "lam", "align", "response_mask",
-    "process_rewards", "norm_by_std",
+    "process_rewards", "norm_by_std", "options",
 )
 
 

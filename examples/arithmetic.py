@@ -20,7 +20,9 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from agent_r1.config import DataConfig, RewardConfig
+from pydantic import Field
+
+from agent_r1.config import DataConfig, PluginOptions, RewardConfig
 from agent_r1.data.schema import corpus_frame, questions_frame
 from agent_r1.data.sources import DataSource
 from agent_r1.env.tools import Tool, ToolExample
@@ -186,11 +188,20 @@ def problems(n: int, seed: int) -> list[dict[str, Any]]:
     return records
 
 
+class ProblemCounts(PluginOptions):
+    """``data.options`` of :class:`ArithmeticProblems`."""
+
+    n_train: int = Field(400, ge=1, description="training problems")
+    n_test: int = Field(100, ge=1, description="test problems")
+
+
 class ArithmeticProblems(DataSource):
-    """Generated word problems: ``data.options.n_train`` / ``n_test`` (default 400 / 100), seeded by ``data.seed``."""
+    """Generated word problems: ``data.options.n_train`` / ``n_test`` (:class:`ProblemCounts`), seeded by ``data.seed``."""
+
+    Options = ProblemCounts
 
     def generate(self, data: DataConfig) -> tuple[Any, Any]:
-        n_train, n_test = int(self.options.get("n_train", 400)), int(self.options.get("n_test", 100))
+        n_train, n_test = self.options.n_train, self.options.n_test
         records = problems(n_train + n_test, data.seed)
         for i, record in enumerate(records):
             record["split"] = "train" if i < n_train else "test"

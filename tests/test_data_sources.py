@@ -16,6 +16,7 @@ import pytest
 from agent_r1.config import ParamsError, parse_params
 
 GENERATED = '''
+from agent_r1.config import PluginOptions
 from agent_r1.data.schema import corpus_frame, questions_frame
 from agent_r1.data.sources import DataSource
 
@@ -25,8 +26,11 @@ CAPITALS = {"Arnor": "Annuminas", "Gondor": "Minas Tirith", "Rohan": "Edoras", "
 class Capitals(DataSource):
     """Five documents; one question per country, the first ``test`` of them test questions."""
 
+    class Options(PluginOptions):
+        test: int
+
     def generate(self, data):
-        n_test = self.options["test"]
+        n_test = self.options.test
         docs = [{"doc_id": f"cap-{i}", "title": c, "text": f"The capital of {c} is {t}."}
                 for i, (c, t) in enumerate(CAPITALS.items())]
         questions = [{"id": f"q{i}", "question": f"What is the capital of {c}?", "answers": [t],
@@ -185,13 +189,23 @@ def test_downloaded_plugin_as_test_only_beside_a_built_in(tmp_path: Path, monkey
         ({"source": "hotpotqa", "test_only": ["bad_sources:Generated"]}, "data.test_only: a list holds downloaded"),
         ({"source": "bad_sources:DevOnly", "real": {"split": "train"}},
          "data.real.split: 'bad_sources:DevOnly' publishes the splits ['dev'], not 'train'"),
-        ({"source": "synthetic", "options": {"n": 1}}, "data.options: only plugin sources read options"),
+        ({"source": "synthetic", "options": {"n": 1}}, "data.options: none of the sources ['synthetic'] takes options"),
+        ({"source": "bad_sources:Generated", "options": {"n": 1}},
+         "data.options: none of the sources ['bad_sources:Generated'] takes options"),
+        ({"source": "bad_sources:Sized"}, "data.options.n: required key is missing"),
+        ({"source": "bad_sources:Sized", "options": {"n": "x"}}, "data.options.n: Input should be a valid integer"),
+        ({"source": "bad_sources:Sized", "options": {"n": 1, "m": 2}}, "data.options.m: unknown key"),
+        ({"source": "bad_sources:LooseOptions"}, "data.source: plugin 'bad_sources:LooseOptions' is no data source: "
+                                                 "its Options must be a pydantic model that forbids unknown keys"),
     ],
 )
 def test_a_bad_plugin_source_fails_the_params_check_naming_the_key(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data: dict, expected: str
 ) -> None:
     _plugin(tmp_path, monkeypatch, "bad_sources", '''
+        from pydantic import BaseModel
+
+        from agent_r1.config import PluginOptions
         from agent_r1.data.sources import DataSource
 
         class NotASource:
@@ -213,6 +227,14 @@ def test_a_bad_plugin_source_fails_the_params_check_naming_the_key(
         class DevOnly(NoRead):
             def read(self, path, max_questions=None):
                 return None
+
+        class Sized(Generated):
+            class Options(PluginOptions):
+                n: int
+
+        class LooseOptions(Generated):
+            class Options(BaseModel):  # ignores unknown keys: a misspelt option would pass unnoticed
+                n: int = 1
     ''')
     with pytest.raises(ParamsError) as err:
         parse_params({"data": data})

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from agent_r1.config import DataConfig, RewardConfig, parse_params
+from agent_r1.config import DataConfig, ParamsError, RewardConfig, parse_params
+from agent_r1.data.sources import get_source
 from examples.arithmetic import (
-    ArithmeticProblems,
     Calculator,
     evaluate_expression,
     format_number,
@@ -62,9 +62,13 @@ def test_problems_are_seeded_distinct_and_answered_by_their_expression() -> None
 
 def test_data_source_splits_by_options() -> None:
     data = DataConfig.model_validate(EXAMPLE_PARAMS["data"])
-    questions, corpus = ArithmeticProblems(EXAMPLE_PARAMS["data"]["source"], data.options).generate(data)
+    questions, corpus = get_source(data.source, data.options).generate(data)
     assert questions["split"].value_counts().to_dict() == {"train": 40, "test": 12}
     assert set(questions["source"]) == {"arithmetic"} and len(corpus) > 0
+    defaults = get_source(data.source).options  # its Options' defaults
+    assert (defaults.n_train, defaults.n_test) == (400, 100)
+    with pytest.raises(ParamsError, match=r"data.options.n_test: must be >= 1, got 0"):
+        parse_params({**EXAMPLE_PARAMS, "data": {**EXAMPLE_PARAMS["data"], "options": {"n_train": 40, "n_test": 0}}})
 
 
 def test_params_name_the_example_as_plugins() -> None:

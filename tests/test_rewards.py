@@ -67,11 +67,11 @@ PAID_CALLS = ProcessRewardConfig(valid_call=0.02, new_support_doc=0.1, invalid_c
 
 
 def test_turn_process_reward() -> None:
-    cfg = PAID_CALLS  # valid 0.02, support 0.1, invalid -0.05
-    assert turn_process_reward(1, 1, 0, cfg) == pytest.approx(0.12)
-    assert turn_process_reward(2, 0, 1, cfg) == pytest.approx(-0.01)
-    assert turn_process_reward(0, 0, 0, cfg) == 0.0
-    assert turn_process_reward(3, 3, 3, ProcessRewardConfig(enabled=False)) == 0.0
+    cfg = PAID_CALLS  # valid 0.02, invalid -0.05; the tools' own reward (a search's support docs) comes summed
+    assert turn_process_reward(1, 0.1, 0, cfg) == pytest.approx(0.12)
+    assert turn_process_reward(2, 0.0, 1, cfg) == pytest.approx(-0.01)
+    assert turn_process_reward(0, 0.0, 0, cfg) == 0.0
+    assert turn_process_reward(3, 0.3, 3, ProcessRewardConfig(enabled=False)) == 0.0
 
 
 def test_finalize_process_rewards() -> None:

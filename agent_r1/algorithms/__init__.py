@@ -1,8 +1,9 @@
 """Pure RL math over [B, T] trajectory tensors: advantage estimators, losses, KL, masks.
 
 Knows nothing of models, engines or configs; the trainer wires params.yaml's
-``algorithm`` group to :func:`compute_advantages` and the losses here. The
-estimators' names live in :data:`agent_r1.registry.ESTIMATORS`.
+``algorithm`` group to :func:`compute_advantages` (``algorithm.options``, a plugin
+estimator's own settings, as ``options``) and the losses here. The estimators'
+names live in :data:`agent_r1.registry.ESTIMATORS`.
 """
 
 from agent_r1.algorithms.advantages import (

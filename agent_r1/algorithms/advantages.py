@@ -33,7 +33,8 @@ biased, unnormalised signal; we prefer no signal).
 from __future__ import annotations
 
 import inspect
-from typing import Callable
+from collections.abc import Mapping
+from typing import Any, Callable
 
 import torch
 
@@ -340,13 +341,16 @@ def compute_advantages(
     response_mask: torch.Tensor | None = None,
     process_rewards: bool = True,
     norm_by_std: bool = True,
+    options: Mapping[str, Any] | None = None,
     **kw,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One call for every estimator, a built-in or a plugin (``algorithm.name``, resolved by
     :data:`agent_r1.registry.ESTIMATORS`): passes each the arguments it takes and drops the rest.
 
     ``align`` is ``algorithm.advantage_mask``; ``response_mask`` the response
-    tokens used when it is off. The arguments offered are
+    tokens used when it is off. ``options`` is ``algorithm.options``: an estimator
+    that declares ``Options`` gets them validated, as its ``options`` argument; one
+    without takes none (a ValueError if some are given). The arguments offered are
     :data:`agent_r1.registry.ESTIMATOR_ARGUMENTS`; extra keywords (``eps``) go
     to the estimator unchanged, so a keyword it does not take is a TypeError naming it.
     """
@@ -356,6 +360,7 @@ def compute_advantages(
     offered = dict(
         token_rewards=token_rewards, action_mask=action_mask, group_id=group_id, values=values, gamma=gamma,
         lam=lam, align=align, response_mask=response_mask, process_rewards=process_rewards, norm_by_std=norm_by_std,
+        options=ESTIMATORS.options(name, options),
     )
     params = inspect.signature(fn).parameters
     args = {k: v for k, v in offered.items() if k in params}

@@ -51,6 +51,9 @@ in the table. :func:`step_table` builds the table from per-row numbers,
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 
 from agent_r1.algorithms.advantages import compute_advantages, gae, grpo, reinforce_pp, reinforce_pp_baseline, rloo
@@ -203,10 +206,12 @@ def compute_step_advantages(
     lam: float = 1.0,
     process_rewards: bool = True,
     norm_by_std: bool = True,
+    options: Mapping[str, Any] | None = None,
     **kw,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Any estimator of :data:`agent_r1.registry.ESTIMATORS` (``algorithm.name``, a built-in or a
-    plugin) over a step table: ``(advantages, returns)`` [E, S], 0 on padded steps.
+    plugin) over a step table: ``(advantages, returns)`` [E, S], 0 on padded steps. ``options``
+    (``algorithm.options``) reach the estimator as in :func:`~agent_r1.algorithms.advantages.compute_advantages`.
 
     The step table goes where the estimator interface expects the token
     tensors, with the advantage mask aligned to it (``align=True``: every real
@@ -216,7 +221,8 @@ def compute_step_advantages(
     _check_steps(step_rewards, step_mask)
     return compute_advantages(
         name, token_rewards=step_rewards, action_mask=step_mask, group_id=group_id, values=values, gamma=gamma,
-        lam=lam, align=True, response_mask=None, process_rewards=process_rewards, norm_by_std=norm_by_std, **kw,
+        lam=lam, align=True, response_mask=None, process_rewards=process_rewards, norm_by_std=norm_by_std,
+        options=options, **kw,
     )
 
 

@@ -21,9 +21,12 @@ sub_queries`` (:func:`agent_r1.data.schema.questions_frame` builds and checks
 one from dict records) and corpus ``doc_id, title, text``.
 
 A plugin is a subclass of :class:`DataSource` in the user's own module, named in
-params as ``data.source: package.module:Name``; free-form settings for it go in
-``data.options`` (``self.options``). The registry (:data:`agent_r1.registry.DATA_SOURCES`)
-is the list of built-in names. Kept light (no pandas at import): the params
+params as ``data.source: package.module:Name``. Settings of its own it declares as
+``Options`` (a model derived from :class:`agent_r1.config.PluginOptions`) and
+reads as ``self.options``; they go in ``data.options``, which every named source
+with ``Options`` validates (the params check, naming the key) and receives, and
+no other. The registry (:data:`agent_r1.registry.DATA_SOURCES`) is the list of
+built-in names. Kept light (no pandas at import): the params
 check imports this module to check a plugin.
 """
 
@@ -42,7 +45,8 @@ if TYPE_CHECKING:
 
 
 class DataSource(ABC):
-    """One data source; constructed by :func:`get_source` with its params name and ``data.options``.
+    """One data source; constructed by :func:`get_source` with its params name and its options
+    (``data.options`` validated by ``Options``; None for a source without ``Options``).
 
     Generated kind: override :meth:`generate`. Downloaded kind: set ``downloads = True``,
     ``urls`` and ``files`` (same split keys), and override :meth:`read`.
@@ -51,10 +55,11 @@ class DataSource(ABC):
     downloads: ClassVar[bool] = False
     urls: ClassVar[Mapping[str, str]] = {}  # official split -> URL of the published file (or zip)
     files: ClassVar[Mapping[str, str]] = {}  # official split -> file name; for a zip, the member's base name
+    Options: ClassVar[Any] = None  # the model of its own settings (data.options); None: it takes none
 
-    def __init__(self, name: str, options: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, name: str, options: Any = None) -> None:
         self.name = name  # what params call it: the registry name or "package.module:Name"
-        self.options: dict[str, Any] = dict(options or {})  # data.options, for a plugin's own settings
+        self.options = options  # an Options instance: data.options validated (see get_source)
 
     def generate(self, data: DataConfig) -> tuple[pd.DataFrame, pd.DataFrame]:
         """Generated kind: ``(questions with split train/test, corpus)`` for these params."""
@@ -89,9 +94,14 @@ def interface_problem(obj: Any) -> str | None:
 
 
 def get_source(value: str, options: Mapping[str, Any] | None = None) -> DataSource:
-    """The source ``value`` names (a registered name or a plugin reference), ready to use."""
+    """The source ``value`` names (a registered name or a plugin reference), ready to use.
+
+    ``options`` is ``data.options``: validated by the source's ``Options`` into its ``self.options``;
+    a source without ``Options`` takes none of them (they are another named source's).
+    """
     from agent_r1.registry import DATA_SOURCES
 
     if (problem := DATA_SOURCES.problem(value)) is not None:
         raise ValueError(problem)
-    return DATA_SOURCES.load(value)(value, options)
+    takes = DATA_SOURCES.options_model(value) is not None
+    return DATA_SOURCES.load(value)(value, DATA_SOURCES.options(value, options) if takes else None)

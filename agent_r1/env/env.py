@@ -24,8 +24,11 @@ Per turn, for each episode:
 Any tool set works, with or without search (``env.tools``; built by
 :func:`~agent_r1.env.make.make_env`). A result is rendered by type (a list of
 :class:`~agent_r1.retrieval.base.Hit` as numbered documents, a string as is,
-anything else as JSON), and only a list of hits counts toward the supporting
-documents found (and so toward the ``new_support_doc`` process reward). With
+anything else as JSON). A turn's process reward is ``valid_call`` and
+``invalid_call`` per call plus what each tool's
+:meth:`~agent_r1.env.tools.Tool.process_reward` says its results of the turn
+earn (the search tool: ``new_support_doc`` per supporting document found for
+the first time); the env knows no tool's results. With
 ``one_shot`` and no tool that has an example (``Tool.example``), the episode
 has no example turns and the system prompt does not mention one (a warning
 says so): the documented fallback rather than an error, since ``one_shot`` is
@@ -49,7 +52,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from agent_r1.config import EnvConfig
@@ -61,6 +64,7 @@ from agent_r1.env.rewards import (
     outcome_reward,
     turn_process_reward,
 )
+from agent_r1.env.episode import Episode, record_list
 from agent_r1.env.tools import Tool, ToolInfrastructureError
 from agent_r1.retrieval.base import Hit
 
@@ -68,26 +72,6 @@ log = logging.getLogger(__name__)
 
 TERMINATIONS: tuple[str, ...] = ("answer", "max_turns", "max_length", "no_action")
 _ERROR_CHARS = 200  # longest exception text shown to the model
-
-
-@dataclass
-class Episode:
-    """One trajectory's environment state."""
-
-    record: dict  # normalised question record (id, question, answers, supporting_titles, ...)
-    messages: list[dict]  # chat history: system, user, then assistant / observation messages
-    turn: int = 0  # assistant turns taken
-    done: bool = False
-    answer: str | None = None
-    tool_calls: int = 0
-    invalid_calls: int = 0
-    seen_doc_ids: set[str] = field(default_factory=set)
-    support_titles_found: set[str] = field(default_factory=set)
-    turn_rewards: list[float] = field(default_factory=list)  # raw process reward per assistant turn
-    termination: str | None = None  # one of TERMINATIONS
-    outcome_reward: float | None = None
-    final_turn_rewards: list[float] | None = None  # after finalize_process_rewards
-    metrics: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -139,12 +123,6 @@ def render_short(result: Any, n_chars: int) -> str:
     if isinstance(result, list) and result and all(isinstance(h, Hit) for h in result):
         return "\n".join(f"Doc {i} ({h.title})" for i, h in enumerate(result, 1))
     return truncate(render_result(result, n_chars), n_chars)
-
-
-def record_list(record: dict, key: str) -> list[str]:
-    """A list column of a record as ``list[str]`` (parquet rows give numpy arrays)."""
-    value = record.get(key)
-    return [] if value is None else [str(v) for v in value]
 
 
 # ------------------------------------------------------------- running
@@ -343,36 +321,22 @@ class ToolEnv:
         observation: str | None = None
         short: str | None = None
         reason: str | None = None
-        valid = invalid = new_support = 0
-        n_short = self.cfg.context.short_chars
+        valid = invalid = 0
+        tool_reward = 0.0
         if parsed.error is not None:
             invalid = 1
             observation = self.format.format_error(parsed.error)
-            short = self.format.format_error(truncate(parsed.error, n_short))
+            short = self.format.format_error(truncate(parsed.error, self.cfg.context.short_chars))
         elif parsed.answer is not None:
             ep.answer = parsed.answer
             reason = "answer"
         elif parsed.calls:
-            texts, shorts = [], []
-            supporting = set(record_list(ep.record, "supporting_titles"))
-            for outcome in outcomes:
-                if not outcome.ok:
-                    invalid += 1
-                    texts.append(f"Error: {outcome.error}")
-                    shorts.append(truncate(texts[-1], n_short))
-                    continue
-                valid += 1
-                if outcome.ran:
-                    new_support += self._note_hits(ep, outcome.value, supporting)
-                    texts.append(render_result(outcome.value, self.cfg.doc_chars))
-                    shorts.append(render_short(outcome.value, n_short))
-            observation = self.format.format_observation(texts)
-            short = self.format.format_observation(shorts)
+            observation, short, valid, invalid, tool_reward = self._observe_calls(ep, parsed.calls, outcomes)
         else:
             reason = "no_action"
         ep.tool_calls += valid + invalid
         ep.invalid_calls += invalid
-        ep.turn_rewards.append(turn_process_reward(valid, new_support, invalid, self.cfg.reward.process))
+        ep.turn_rewards.append(turn_process_reward(valid, tool_reward, invalid, self.cfg.reward.process))
         if reason is None and ep.turn >= self.cfg.max_turns:
             reason = "max_turns"
         if reason is not None:
@@ -381,15 +345,35 @@ class ToolEnv:
         ep.messages.append({"role": role, "content": observation})
         return StepResult(observation=observation, observation_role=role, done=False, short_observation=short)
 
-    @staticmethod
-    def _note_hits(ep: Episode, result: Any, supporting: set[str]) -> int:
-        """Record the docs a search surfaced; return how many supporting titles are new to the episode."""
-        if not (isinstance(result, list) and all(isinstance(h, Hit) for h in result)):
-            return 0
-        ep.seen_doc_ids.update(h.doc_id for h in result)
-        new = {h.title for h in result if h.title in supporting} - ep.support_titles_found
-        ep.support_titles_found |= new
-        return len(new)
+    def _observe_calls(
+        self, ep: Episode, calls: list[ToolCall], outcomes: list[_Outcome]
+    ) -> tuple[str, str, int, int, float]:
+        """A turn of tool calls: ``(observation, short observation, valid calls, invalid calls, tool reward)``.
+
+        One rendered result (or error) per call, in order; the tool reward is the sum, over the
+        tools that ran, of each one's :meth:`~agent_r1.env.tools.Tool.process_reward` for its
+        results of the turn (in the order the tools were first called).
+        """
+        n_short = self.cfg.context.short_chars
+        texts, shorts = [], []
+        valid = invalid = 0
+        ran: dict[str, list[Any]] = {}
+        for call, outcome in zip(calls, outcomes):
+            if not outcome.ok:
+                invalid += 1
+                texts.append(f"Error: {outcome.error}")
+                shorts.append(truncate(texts[-1], n_short))
+                continue
+            valid += 1
+            if outcome.ran:
+                ran.setdefault(call.name, []).append(outcome.value)
+                texts.append(render_result(outcome.value, self.cfg.doc_chars))
+                shorts.append(render_short(outcome.value, n_short))
+        tool_reward = 0.0
+        for name, results in ran.items():
+            tool_reward += self.tools[name].process_reward(results, ep, self.cfg.reward.process)
+        observation, short = self.format.format_observation(texts), self.format.format_observation(shorts)
+        return observation, short, valid, invalid, tool_reward
 
 
 def _bound(fn: Callable[[Any], Any], arg: Any) -> Callable[[], Any]:

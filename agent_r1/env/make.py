@@ -13,7 +13,8 @@ from agent_r1.retrieval.base import SearchIndex
 
 
 def make_env(params: Params, index_path: str | Path | None = None, *, index: SearchIndex | None = None) -> ToolEnv:
-    """The :class:`ToolEnv` of ``env.tools`` (each built by its ``Tool.from_params``) under ``params.env``.
+    """The :class:`ToolEnv` of ``env.tools`` (each built by its ``Tool.from_params``, with its own
+    ``env.tool_options``) under ``params.env``.
 
     ``index_path`` is where the retrieval index lives (folder or server URL);
     ``index`` an index the caller has already loaded. The index is loaded at most
@@ -29,8 +30,10 @@ def make_env(params: Params, index_path: str | Path | None = None, *, index: Sea
 
 
 def _build(params: Params, i: int, cls: type[Tool], source: IndexSource) -> Tool:
-    """Tool ``i`` of ``env.tools``; a plugin whose ``from_params`` returns something else is named."""
-    tool = cls.from_params(params, source)
+    """Tool ``i`` of ``env.tools``, given its options (``env.tool_options.<its name>`` validated by
+    its ``Options``); a plugin whose ``from_params`` returns something else is named."""
+    ref, name = params.env.tools[i], params.env.tool_names[i]
+    tool = cls.from_params(params, source, TOOLS.options(ref, params.env.tool_options.get(name, {})))
     if not isinstance(tool, Tool):
         raise TypeError(f"env.tools.{i}: {cls.__qualname__}.from_params returned {type(tool).__name__}, not a Tool")
     return tool

@@ -12,7 +12,10 @@ Each is a function here (:func:`paper_reward`, ...) registered by name in
 ``agent_r1.registry.REWARDS``; ``env.reward.scheme`` names one, or a user's own
 ``package.module:fn`` with the same signature
 ``fn(answer, golds, format_valid, cfg) -> float`` (``answer`` is None when the
-episode never answered; ``cfg`` is the whole ``env.reward`` group).
+episode never answered; ``cfg`` is the whole ``env.reward`` group). A scheme
+with settings of its own declares them as ``fn.Options`` (a model derived from
+``agent_r1.config.PluginOptions``) and takes them as ``options``: ``env.reward.options``
+validated (the built-ins take none).
 
 ``paper`` is Agent-R1's released QA reward (``compute_score_format_answer``:
 ``-1 + format + answer`` when the format reward is full, else ``-1 + format``),
@@ -24,9 +27,14 @@ void the outcome here; they cost ``invalid_call`` each as process reward.
 
 Process reward of one turn (raw, before :func:`finalize_process_rewards`)::
 
-    valid_call * (well-formed calls that ran) + new_support_doc * (supporting
-    titles surfaced for the first time in the episode) + invalid_call *
-    (malformed turns + calls that failed validation, raised or timed out)
+    valid_call * (well-formed calls) + (the tools' own process rewards for
+    their results of the turn) + invalid_call * (malformed turns + calls that
+    failed validation, raised or timed out)
+
+where the built-in search tool's own reward is ``new_support_doc * (supporting
+titles surfaced for the first time in the episode)``
+(:meth:`agent_r1.env.tools.SearchTool.process_reward`) and a tool without one
+adds 0.
 
 and :func:`finalize_process_rewards` then (1) if ``only_if_answered`` and the
 episode did not answer, sets every positive turn reward to 0 (negative ones
@@ -108,17 +116,22 @@ def answer_plus_format_reward(answer: str | None, golds: list[str], format_valid
 def outcome_reward(answer: str | None, golds: list[str], format_valid: bool, cfg: RewardConfig) -> float:
     """The episode's outcome reward: the function ``cfg.scheme`` names in the REWARDS registry.
 
-    Called by keyword, the names the registry checks a plugin's signature for.
+    Called by keyword, the names the registry checks a plugin's signature for; a scheme that
+    declares ``Options`` also gets ``options``: ``cfg.options`` validated by them.
     """
     scheme = REWARDS.load(cfg.scheme)
-    return float(scheme(answer=answer, golds=golds, format_valid=format_valid, cfg=cfg))
+    options = REWARDS.options(cfg.scheme, cfg.options)
+    own = {} if options is None else {"options": options}  # only a scheme with Options takes them
+    return float(scheme(answer=answer, golds=golds, format_valid=format_valid, cfg=cfg, **own))
 
 
-def turn_process_reward(valid_calls: int, new_support_docs: int, invalid_calls: int, cfg: ProcessRewardConfig) -> float:
-    """The raw process reward of one turn (before the episode-level :func:`finalize_process_rewards`)."""
+def turn_process_reward(valid_calls: int, tool_reward: float, invalid_calls: int, cfg: ProcessRewardConfig) -> float:
+    """The raw process reward of one turn (before the episode-level :func:`finalize_process_rewards`):
+    ``valid_calls * valid_call + tool_reward + invalid_calls * invalid_call``, ``tool_reward`` being
+    the sum of the tools' own process rewards for the turn (:meth:`agent_r1.env.tools.Tool.process_reward`)."""
     if not cfg.enabled:
         return 0.0
-    return valid_calls * cfg.valid_call + new_support_docs * cfg.new_support_doc + invalid_calls * cfg.invalid_call
+    return valid_calls * cfg.valid_call + tool_reward + invalid_calls * cfg.invalid_call
 
 
 def finalize_process_rewards(turn_rewards: list[float], answered: bool, cfg: ProcessRewardConfig) -> list[float]:

@@ -1,17 +1,24 @@
 """Tools: each executes one atomic action and returns its raw result.
 
-A tool knows nothing of rewards, observations or chat formats (Agent-R1's
-split): :class:`~agent_r1.env.env.ToolEnv` validates the arguments the policy
-wrote, calls the tool, renders the raw result into the observation and scores
-the step. A tool only declares what it accepts (``parameters``, a JSON schema
-of the arguments object, which is also what the chat template's ``tools=``
-shows a tool-calling model) and does the work.
+A tool knows nothing of observations or chat formats (Agent-R1's split):
+:class:`~agent_r1.env.env.ToolEnv` validates the arguments the policy wrote,
+calls the tool, renders the raw result into the observation and scores the
+step. A tool declares what it accepts (``parameters``, a JSON schema of the
+arguments object, which is also what the chat template's ``tools=`` shows a
+tool-calling model) and does the work. The one part of the score a tool may
+claim is its own process reward: :meth:`Tool.process_reward` prices a turn's
+results given the episode (the search tool pays for supporting documents found
+for the first time); the env adds it to the turn's reward.
 
 A tool is built from the params by :meth:`Tool.from_params` (by default
 ``cls()``), so ``env.tools`` in ``params.yaml`` can name a user's own
 ``package.module:Name`` subclass; :func:`~agent_r1.env.make.make_env` builds the
-tool set every flow uses. A tool that reads the retrieval index sets
-``needs_index``; one that brings a worked one-shot example sets ``example``.
+tool set every flow uses. Settings of its own a tool declares as ``Options`` (a
+model derived from :class:`agent_r1.config.PluginOptions`); they are written
+under ``env.tool_options.<its name>``, validated by the params check, and given
+to ``from_params`` (the default keeps them as ``self.options``). A tool that
+reads the retrieval index sets ``needs_index``; one that brings a worked
+one-shot example sets ``example``.
 
 A tool that cannot work for a reason that is not the agent's (its server is
 down or answers garbage) raises :class:`ToolInfrastructureError`: the env
@@ -26,11 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from agent_r1.env.episode import Episode, record_list
 from agent_r1.retrieval import load_index
 from agent_r1.retrieval.base import Hit, SearchIndex
 
 if TYPE_CHECKING:
-    from agent_r1.config import Params
+    from agent_r1.config import Params, ProcessRewardConfig
 
 # Where a tool finds the retrieval index: a folder or server URL, the index already
 # loaded (make_env loads it once for every tool that needs it), or None (none given).
@@ -88,8 +96,10 @@ class Tool(ABC):
     :meth:`execute`, which may return any value: a string is shown as is, a list
     of :class:`Hit` as numbered documents, anything else as JSON. Override
     :meth:`validate` to add checks beyond the schema, :meth:`batch_execute` when
-    many calls are cheaper together (one batched index lookup instead of 32), and
-    :meth:`from_params` when the tool needs settings or the index.
+    many calls are cheaper together (one batched index lookup instead of 32),
+    :meth:`from_params` when the tool needs settings or the index, and
+    :meth:`process_reward` when its results earn a process reward. Its own
+    settings it declares as ``Options`` and reads as ``self.options``.
     """
 
     name: str
@@ -103,6 +113,10 @@ class Tool(ABC):
     # or None. The env then waits that long beyond env.tool_timeout_s, so a dead backend reports its own
     # named error, and treats an overrun as an infrastructure failure rather than the agent's.
     backend_deadline_s: float | None = None
+    # The model of its own settings (env.tool_options.<name>); None: it takes none.
+    Options: ClassVar[Any] = None
+    # Its settings: env.tool_options.<name> validated by Options (None for a tool without Options).
+    options: Any = None
 
     def validate(self, args: Any) -> str | None:
         """Why ``args`` is not a valid call of this tool, or ``None`` if it is.
@@ -129,11 +143,26 @@ class Tool(ABC):
         return None
 
     @classmethod
-    def from_params(cls, params: Params, index_path: IndexSource) -> Tool:
+    def from_params(cls, params: Params, index_path: IndexSource, options: Any = None) -> Tool:
         """The tool configured by ``params``; ``index_path`` is where the index lives (see
-        :data:`IndexSource`). The default takes no settings: ``cls()``."""
+        :data:`IndexSource`), ``options`` its own settings (an ``Options`` instance, or None).
+        The default reads nothing else: ``cls()``, with ``self.options = options``."""
         del params, index_path
-        return cls()
+        tool = cls()
+        tool.options = options
+        return tool
+
+    def process_reward(self, results: list[Any], episode: Episode, cfg: ProcessRewardConfig) -> float:
+        """The process reward this tool's results earn in one turn of ``episode`` (default 0.0).
+
+        ``results``: the raw results of the tool's calls that ran this turn, in call order;
+        ``episode``: its record (the question, answers, supporting titles) and state, which
+        the tool may update (what it found); ``cfg``: ``env.reward.process``. The env adds
+        the sum over its tools to the turn's ``valid_call`` and ``invalid_call`` terms
+        (:func:`agent_r1.env.rewards.turn_process_reward`).
+        """
+        del results, episode, cfg
+        return 0.0
 
     @abstractmethod
     def execute(self, args: dict[str, Any]) -> Any:
@@ -158,7 +187,8 @@ class SearchTool(Tool):
     ``RemoteIndex``); a batch of calls is one ``index.search`` so a rollout
     step costs one retrieval round trip however many episodes search. An index
     with a ``deadline_s`` (the remote one: retries take time) lends it to
-    :attr:`backend_deadline_s`.
+    :attr:`backend_deadline_s`. Its process reward pays for the question's
+    supporting documents it surfaces (:meth:`process_reward`).
     """
 
     name = "search"
@@ -190,8 +220,10 @@ class SearchTool(Tool):
         self.backend_deadline_s = getattr(index, "deadline_s", None)
 
     @classmethod
-    def from_params(cls, params: Params, index_path: IndexSource) -> SearchTool:
-        """Search the index at ``index_path`` (loaded here unless already loaded) for ``env.top_k`` hits."""
+    def from_params(cls, params: Params, index_path: IndexSource, options: Any = None) -> SearchTool:
+        """Search the index at ``index_path`` (loaded here unless already loaded) for ``env.top_k`` hits.
+        It declares no ``Options``: ``options`` is always None."""
+        del options
         if index_path is None:
             raise ValueError(f"env.tools: tool {cls.name!r} needs a retrieval index, and none was given")
         if isinstance(index_path, SearchIndex):
@@ -218,3 +250,16 @@ class SearchTool(Tool):
         if len(results) != len(queries):
             raise RuntimeError(f"index returned {len(results)} result lists for {len(queries)} queries")
         return [list(hits) for hits in results]
+
+    def process_reward(self, results: list[list[Hit]], episode: Episode, cfg: ProcessRewardConfig) -> float:
+        """``new_support_doc * n``, n = the record's supporting titles (``supporting_titles``) these hits
+        surface for the first time in the episode; notes every document seen in the episode's state
+        (``seen_doc_ids``, ``support_titles_found``, which its ``support_docs_found`` metric counts)."""
+        supporting = set(record_list(episode.record, "supporting_titles"))
+        new_support = 0
+        for hits in results:
+            episode.seen_doc_ids.update(h.doc_id for h in hits)
+            new = {h.title for h in hits if h.title in supporting} - episode.support_titles_found
+            episode.support_titles_found |= new
+            new_support += len(new)
+        return new_support * cfg.new_support_doc
