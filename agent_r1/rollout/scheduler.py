@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent_r1.config import ContextConfig, RolloutConfig
-from agent_r1.env.env import Episode, StepResult, ToolEnv
+from agent_r1.env import Episode, StepResult, ToolEnv
 from agent_r1.rollout.engine import GenerationEngine, GenerationOutput, TurnByTurnSession, TurnSession, TurnSettings
 from agent_r1.rollout.trajectory import TrajectoryBatch
 
