@@ -17,27 +17,15 @@ import pytest
 import torch
 
 from agent_r1.algorithms.advantages import gae, grpo, reinforce_pp, reinforce_pp_baseline, rloo
-from agent_r1.algorithms.masking import masked_whiten
-from agent_r1.algorithms.step_advantages import (
-    broadcast_to_tokens,
-    compute_step_advantages,
-    step_gae,
-    step_grpo,
-    step_reinforce_pp,
-    step_reinforce_pp_baseline,
-    step_rloo,
-    step_table,
-)
-from agent_r1.registry import ESTIMATORS, advantage_function
+from agent_r1.algorithms.step_advantages import broadcast_to_tokens, compute_step_advantages, step_table
+from agent_r1.registry import ESTIMATORS
 
 REWARDS = torch.tensor([[0.5, 0.0, 1.0], [0.0, 0.0, 0.0], [0.75, 0.0, 0.0], [0.0, 3.0, 0.0]])
 MASK = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 0]])
 GROUPS = torch.tensor([7, 7, 7, 9])
 
-STEP_OF = {"ppo": step_gae, "gae": step_gae, "grpo": step_grpo, "rloo": step_rloo, "reinforce_pp": step_reinforce_pp,
-           "reinforce_pp_baseline": step_reinforce_pp_baseline}
-FLAT_OF = {step_gae: gae, step_grpo: grpo, step_rloo: rloo, step_reinforce_pp: reinforce_pp,
-           step_reinforce_pp_baseline: reinforce_pp_baseline}
+FLAT_OF = {"gae": gae, "grpo": grpo, "rloo": rloo, "reinforce_pp": reinforce_pp, "reinforce_pp_baseline": reinforce_pp_baseline}
+BUILT_IN = sorted(["ppo", *FLAT_OF])  # ppo: the registry's other name for gae
 
 
 def close(actual: torch.Tensor, expected: list, tol: float = 1e-5) -> None:
@@ -48,7 +36,8 @@ def close(actual: torch.Tensor, expected: list, tol: float = 1e-5) -> None:
 def test_step_gae_three_steps_hand_worked() -> None:
     r = torch.tensor([[0.0, 0.5, 1.0]])
     v = torch.tensor([[0.5, 0.25, 0.5]])
-    adv, ret = step_gae(r, v, torch.ones(1, 3, dtype=torch.long), gamma=0.5, lam=0.8)
+    adv, ret = compute_step_advantages("gae", step_rewards=r, values=v, step_mask=torch.ones(1, 3, dtype=torch.long), group_id=None,
+                                       gamma=0.5, lam=0.8)
     # gamma * lam = .4, one recursion step per *step*:
     # d2 = 1 + 0 - .5 = .5                    A2 = .5
     # d1 = .5 + .5*.5 - .25 = .5              A1 = .5 + .4*.5 = .7
@@ -61,7 +50,8 @@ def test_step_gae_three_steps_hand_worked() -> None:
 
 def test_step_reinforce_pp_discounts_per_step_not_per_token() -> None:
     r = torch.tensor([[0.0, 0.5, 1.0]])
-    adv, ret = step_reinforce_pp(r, torch.ones(1, 3, dtype=torch.long), gamma=0.5)
+    adv, ret = compute_step_advantages("reinforce_pp", step_rewards=r, step_mask=torch.ones(1, 3, dtype=torch.long), group_id=None,
+                                       gamma=0.5)
     # G2 = 1, G1 = .5 + .5*1 = 1, G0 = 0 + .5*1 = .5; mean 5/6, deviations -1/3 1/6 1/6, var 1/12
     close(ret, [[0.5, 1.0, 1.0]])
     s = math.sqrt(1 / 12 + 1e-8)
@@ -76,22 +66,23 @@ def test_step_reinforce_pp_discounts_per_step_not_per_token() -> None:
 # ------------------------------------------------------ group estimators
 def test_step_grpo_hand_worked() -> None:
     # return-to-go R: ep0 1.5 1 1, ep1 0 0, ep2 .75; group 7 mean (1.5 + 0 + .75) / 3 = .75
-    adv, ret = step_grpo(REWARDS, MASK, GROUPS, norm_by_std=False)
+    adv, ret = compute_step_advantages("grpo", step_rewards=REWARDS, step_mask=MASK, group_id=GROUPS, norm_by_std=False)
     close(adv, [[0.75, 0.25, 0.25], [-0.75, -0.75, 0], [0, 0, 0], [0, 0, 0]])  # ep3 alone -> 0
     assert torch.equal(adv, ret)
     # std: per-episode mean over its steps of (R - mean)^2: ep0 (.5625 + .0625 + .0625) / 3 = 11/48,
     # ep1 .5625 = 27/48, ep2 0; var = (38/48) / (3 - 1) = 19/48
-    adv, _ = step_grpo(REWARDS, MASK, GROUPS, norm_by_std=True)
+    adv, _ = compute_step_advantages("grpo", step_rewards=REWARDS, step_mask=MASK, group_id=GROUPS, norm_by_std=True)
     s = math.sqrt(19 / 48) + 1e-6
     close(adv, [[0.75 / s, 0.25 / s, 0.25 / s], [-0.75 / s, -0.75 / s, 0], [0, 0, 0], [0, 0, 0]])
     # process rewards off: ep0's .5 moves to its last step, every step of ep0 sees 1.5
-    adv, _ = step_grpo(REWARDS, MASK, GROUPS, norm_by_std=False, process_rewards=False)
+    adv, _ = compute_step_advantages("grpo", step_rewards=REWARDS, step_mask=MASK, group_id=GROUPS, norm_by_std=False,
+                                     process_rewards=False)
     close(adv, [[0.75, 0.75, 0.75], [-0.75, -0.75, 0], [0, 0, 0], [0, 0, 0]])
 
 
 def test_step_rloo_hand_worked() -> None:
     # baseline = mean return of the two others: ep0 (0 + .75) / 2 = .375, ep1 (1.5 + .75) / 2 = 1.125, ep2 .75
-    adv, ret = step_rloo(REWARDS, MASK, GROUPS)
+    adv, ret = compute_step_advantages("rloo", step_rewards=REWARDS, step_mask=MASK, group_id=GROUPS)
     close(adv, [[1.125, 0.625, 0.625], [-1.125, -1.125, 0], [0, 0, 0], [0, 0, 0]])
     assert torch.equal(adv, ret)
 
@@ -99,7 +90,7 @@ def test_step_rloo_hand_worked() -> None:
 def test_step_reinforce_pp_baseline_hand_worked() -> None:
     # B = R - .75 on group 7's six real steps: .75 .25 .25 -.75 -.75 0; mean -1/24,
     # deviations 19 7 7 -17 -17 1 (/24): sum of squares 1038/576, var 1038/576/5; ep3 (alone) left out -> 0
-    adv, ret = step_reinforce_pp_baseline(REWARDS, MASK, GROUPS)
+    adv, ret = compute_step_advantages("reinforce_pp_baseline", step_rewards=REWARDS, step_mask=MASK, group_id=GROUPS)
     s = math.sqrt(1038 / 576 / 5 + 1e-8) * 24
     close(adv, [[19 / s, 7 / s, 7 / s], [-17 / s, -17 / s, 0], [1 / s, 0, 0], [0, 0, 0]])
     assert torch.equal(adv, ret)
@@ -108,7 +99,7 @@ def test_step_reinforce_pp_baseline_hand_worked() -> None:
 def test_step_reinforce_pp_on_the_batch() -> None:
     # gamma .5: G ep0 .75 .5 1, ep1 0 0, ep2 .75, ep3 1.5 3 (no groups); 8 real steps, mean .9375,
     # sum of squared deviations 6.59375, var 6.59375 / 7
-    adv, ret = step_reinforce_pp(REWARDS, MASK, gamma=0.5)
+    adv, ret = compute_step_advantages("reinforce_pp", step_rewards=REWARDS, step_mask=MASK, group_id=None, gamma=0.5)
     close(ret, [[0.75, 0.5, 1.0], [0, 0, 0], [0.75, 0, 0], [1.5, 3.0, 0]])
     s = math.sqrt(6.59375 / 7 + 1e-8)
     dev = [[-0.1875, -0.4375, 0.0625], [-0.9375, -0.9375, None], [-0.1875, None, None], [0.5625, 2.0625, None]]
@@ -116,7 +107,7 @@ def test_step_reinforce_pp_on_the_batch() -> None:
 
 
 # ------------------------------------------------------------------ padding
-@pytest.mark.parametrize("name", sorted(STEP_OF))
+@pytest.mark.parametrize("name", BUILT_IN)
 def test_padding_never_leaks(name: str) -> None:
     """Two more padded steps, their values NaN: the real steps' numbers are unchanged, the padded ones 0."""
     values = torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, 9.0], [0.6, 9.0, 9.0], [0.7, 0.8, 9.0]])
@@ -136,7 +127,7 @@ def test_a_reward_on_a_padded_step_is_an_error() -> None:
     r = REWARDS.clone()
     r[2, 1] = 0.3
     with pytest.raises(ValueError, match=r"step reward \[2, 1\] = 0.3 is on a padded step"):
-        step_grpo(r, MASK, GROUPS)
+        compute_step_advantages("grpo", step_rewards=r, step_mask=MASK, group_id=GROUPS)
     with pytest.raises(ValueError, match="must be the same"):
         compute_step_advantages("grpo", step_rewards=REWARDS, step_mask=MASK[:, :2], group_id=GROUPS)
 
@@ -158,44 +149,53 @@ def one_step_episodes(turn: int) -> dict[str, torch.Tensor]:
                 flat_r=flat_r, flat_m=action, flat_v=flat_v, groups=torch.tensor([0, 0, 0, 1, 1]))
 
 
-def run(fn, rewards: torch.Tensor, mask: torch.Tensor, values: torch.Tensor, groups: torch.Tensor, gamma: float, lam: float):
-    if fn in (step_gae, gae):
+def run(
+    fn, rewards: torch.Tensor, mask: torch.Tensor, values: torch.Tensor, groups: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A flat estimator with the arguments it takes (positional, as its own signature orders them)."""
+    if fn is gae:
         return fn(rewards, values, mask, gamma, lam)
-    if fn in (step_reinforce_pp, reinforce_pp):
+    if fn is reinforce_pp:
         return fn(rewards, mask, gamma)
     return fn(rewards, mask, groups)
 
 
-@pytest.mark.parametrize("step_fn", list(FLAT_OF), ids=lambda f: f.__name__)
-def test_one_step_per_episode_equals_flat_for_one_token_turns(step_fn) -> None:
+def run_steps(name: str, e: dict[str, torch.Tensor], gamma: float, lam: float, **kw) -> tuple[torch.Tensor, torch.Tensor]:
+    """``name`` over the step table of :func:`one_step_episodes`."""
+    return compute_step_advantages(name, step_rewards=e["step_r"], step_mask=e["step_m"], group_id=e["groups"], values=e["step_v"],
+                                   gamma=gamma, lam=lam, **kw)
+
+
+@pytest.mark.parametrize("name", list(FLAT_OF))
+def test_one_step_per_episode_equals_flat_for_one_token_turns(name: str) -> None:
     """Every estimator, any gamma / lam: each step's advantage and return is the flat one on its action token."""
     e = one_step_episodes(turn=1)
-    adv, ret = run(step_fn, e["step_r"], e["step_m"], e["step_v"], e["groups"], 0.9, 0.8)
-    flat_adv, flat_ret = run(FLAT_OF[step_fn], e["flat_r"], e["flat_m"], e["flat_v"], e["groups"], 0.9, 0.8)
+    adv, ret = run_steps(name, e, 0.9, 0.8)
+    flat_adv, flat_ret = run(FLAT_OF[name], e["flat_r"], e["flat_m"], e["flat_v"], e["groups"], 0.9, 0.8)
     torch.testing.assert_close(adv[:, 0], flat_adv[:, 2])
     torch.testing.assert_close(ret[:, 0], flat_ret[:, 2])
     assert adv.abs().sum() > 0
 
 
-@pytest.mark.parametrize("step_fn", [step_grpo, step_rloo], ids=lambda f: f.__name__)
-def test_one_step_per_episode_equals_flat_group_estimators_for_long_turns(step_fn) -> None:
+@pytest.mark.parametrize("name", ["grpo", "rloo"])
+def test_one_step_per_episode_equals_flat_group_estimators_for_long_turns(name: str) -> None:
     """GRPO and RLOO do not discount or whiten per token: equal on every action token of a 3-token turn."""
     e = one_step_episodes(turn=3)
-    adv, _ = run(step_fn, e["step_r"], e["step_m"], e["step_v"], e["groups"], 1.0, 1.0)
-    flat_adv, _ = run(FLAT_OF[step_fn], e["flat_r"], e["flat_m"], e["flat_v"], e["groups"], 1.0, 1.0)
+    adv, _ = run_steps(name, e, 1.0, 1.0)
+    flat_adv, _ = run(FLAT_OF[name], e["flat_r"], e["flat_m"], e["flat_v"], e["groups"], 1.0, 1.0)
     torch.testing.assert_close(flat_adv[:, 2:5], adv.expand(5, 3))
-    if step_fn is step_grpo:  # with the std: the flat scale averages over the turn's tokens, the step one over its one step
-        torch.testing.assert_close(step_grpo(e["step_r"], e["step_m"], e["groups"], norm_by_std=True)[0].expand(5, 3),
+    if name == "grpo":  # with the std: the flat scale averages over the turn's tokens, the step one over its one step
+        torch.testing.assert_close(run_steps("grpo", e, 1.0, 1.0, norm_by_std=True)[0].expand(5, 3),
                                    grpo(e["flat_r"], e["flat_m"], e["groups"], norm_by_std=True)[0][:, 2:5])
 
 
-@pytest.mark.parametrize("step_fn", [step_gae, step_reinforce_pp], ids=lambda f: f.__name__)
-def test_one_step_per_episode_long_turns_same_returns_at_gamma_one(step_fn) -> None:
+@pytest.mark.parametrize("name", ["gae", "reinforce_pp"])
+def test_one_step_per_episode_long_turns_same_returns_at_gamma_one(name: str) -> None:
     """With gamma = lam = 1 the raw quantities (returns) agree on a 3-token turn; only the whitening's
     weighting (per token flat, per step here) differs."""
     e = one_step_episodes(turn=3)
-    _, ret = run(step_fn, e["step_r"], e["step_m"], e["step_v"], e["groups"], 1.0, 1.0)
-    _, flat_ret = run(FLAT_OF[step_fn], e["flat_r"], e["flat_m"], e["flat_v"], e["groups"], 1.0, 1.0)
+    _, ret = run_steps(name, e, 1.0, 1.0)
+    _, flat_ret = run(FLAT_OF[name], e["flat_r"], e["flat_m"], e["flat_v"], e["groups"], 1.0, 1.0)
     torch.testing.assert_close(flat_ret[:, 2:5], ret.expand(5, 3))
 
 
@@ -204,13 +204,8 @@ def test_one_step_per_episode_long_turns_same_returns_at_gamma_one(step_fn) -> N
 def test_every_registered_estimator_runs_over_the_step_table(name: str) -> None:
     values = torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.5, 0.0], [0.6, 0.0, 0.0], [0.7, 0.8, 0.0]])
     got = compute_step_advantages(name, step_rewards=REWARDS, step_mask=MASK, group_id=GROUPS, values=values, gamma=0.9, lam=0.8, norm_by_std=True)
-    fn = STEP_OF.get(name) or ESTIMATORS.load(name)  # a step_* name registered is its own step function
-    torch.testing.assert_close(got, run(fn, REWARDS, MASK, values, GROUPS, 0.9, 0.8))
-
-
-@pytest.mark.parametrize("fn", list(FLAT_OF), ids=lambda f: f.__name__)
-def test_step_estimators_fit_the_registry_interface(fn) -> None:
-    assert advantage_function(fn) is None
+    # the step table is a trajectory table whose every real position is an action: the flat estimator on it
+    torch.testing.assert_close(got, run(ESTIMATORS.load(name), REWARDS, MASK, values, GROUPS, 0.9, 0.8))
 
 
 # --------------------------------------------------- rows <-> step table

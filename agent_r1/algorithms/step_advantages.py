@@ -17,10 +17,11 @@ The step table, per batch of E episodes padded to S steps:
 * ``group_id``     [E], which prompt an episode came from (GRPO/RLOO groups).
 
 A step table is a trajectory table whose every real position is an action:
-each estimator here *is* its flat counterpart of :mod:`agent_r1.algorithms.advantages`
-run over the step table with the advantage mask = ``step_mask``, so the flat
-formulas read with "token" replaced by "step" and no logic is repeated. What
-changes against flat training on token sequences:
+:func:`compute_step_advantages` runs any estimator of the registry (its flat
+form in :mod:`agent_r1.algorithms.advantages`, or a plugin) over the step table
+with the advantage mask = ``step_mask``, so the flat formulas read with "token"
+replaced by "step" and no logic is repeated. What changes against flat training
+on token sequences:
 
 * gamma and lam discount per step, not per action token (a turn of 40 tokens
   ages a reward by one step, not by 40);
@@ -35,13 +36,60 @@ the flat ones whatever the turn's length; GAE, REINFORCE++ and
 REINFORCE++-baseline equal them when the turn is one action token (longer
 turns add the per-token discount and token-weighted whitening above).
 
-The keyword names of the estimators are those of the estimator interface
-(:data:`agent_r1.registry.ESTIMATOR_ARGUMENTS`): ``token_rewards`` is the step
-rewards and ``action_mask`` the step mask, so the registry and
-:func:`~agent_r1.algorithms.advantages.compute_advantages` call them like any
-estimator. There is no ``align`` / ``response_mask``: a step table holds no
-observation positions; the advantage-mask switch is which tokens of a step's
-row :func:`broadcast_to_tokens` fills.
+The estimators over steps
+-------------------------
+
+What each built-in computes through :func:`compute_step_advantages`. Episode
+i of group g (n_g episodes, n_i real steps), r_{i,t} its step rewards,
+S_i = sum_t r_{i,t} its return, R_{i,t} = sum_{t' >= t} r_{i,t'} step t's
+undiscounted return-to-go; whiten(x) = (x - mean x) * rsqrt(var x + 1e-8),
+mean / var over every real step of the batch, each step once, unbiased
+variance. Every result is 0 on padded steps; ``process_rewards=False`` first
+moves every step reward of an episode onto its last step.
+
+``gae`` / ``ppo``: V_t the value of the state step t acts from, V_{n_i} = 0::
+
+    delta_t = r_t + gamma * V_{t+1} - V_t
+    A_t     = delta_t + gamma * lam * A_{t+1}      (= sum_l (gamma lam)^l delta_{t+l})
+    returns_t = A_t + V_t,   advantages_t = whiten(A)_t
+
+``reinforce_pp`` (``gae`` with V = 0 and lam = 1)::
+
+    G_t = r_t + gamma * G_{t+1}      (= sum_{t' >= t} gamma^(t'-t) r_{t'}; G = 0 after the last step)
+    returns_t = G_t,   advantages_t = whiten(G)_t
+
+``grpo`` (undiscounted, as the flat GRPO, which takes no gamma)::
+
+    mean_g  = (1/n_g) sum_{j in g} S_j
+    var_g   = 1/(n_g - 1) * sum_{j in g} (1/n_j) sum_{t < n_j} (R_{j,t} - mean_g)^2
+    A_{i,t} = (R_{i,t} - mean_g) / (sqrt(var_g) + eps)     (norm_by_std=False: R_{i,t} - mean_g)
+
+Step 0's return-to-go is the episode return S_i, so mean_g is the group's
+expected return-to-go at the first step, and a step's score counts only the
+rewards from that step on (its own process reward included; earlier rewards
+it cannot change). With one step per episode R_{i,0} = S_i: the standard
+outcome GRPO, equal to the flat one.
+
+``rloo`` (no normalisation: a process reward p on step t puts step t exactly
+p above step t+1)::
+
+    A_{i,t} = R_{i,t} - (1/(n_g - 1)) * sum_{j in g, j != i} S_j
+
+``reinforce_pp_baseline`` (K = the real steps of episodes in groups of two or
+more; 0 off K)::
+
+    B_{i,t} = R_{i,t} - (1/n_g) sum_{j in g} S_j
+    A_{i,t} = (B_{i,t} - mean_K B) * rsqrt(var_K B + 1e-8)
+
+The group estimators (``grpo``, ``rloo``, ``reinforce_pp_baseline``) return
+returns = advantages, and give a group of one 0.
+
+:func:`compute_step_advantages` passes the step table under the estimator
+interface's names (:data:`agent_r1.registry.ESTIMATOR_ARGUMENTS`):
+``token_rewards`` is the step rewards and ``action_mask`` the step mask, with
+``align=True`` and no ``response_mask``: a step table holds no observation
+positions; the advantage-mask switch is which tokens of a step's row
+:func:`broadcast_to_tokens` fills.
 
 Row layout for training on steps: every step is one row n of an [N, T] batch
 (its prompt, then its response), with ``episode[n]`` and ``step[n]`` its place
@@ -56,7 +104,7 @@ from typing import Any
 
 import torch
 
-from agent_r1.algorithms.advantages import compute_advantages, gae, grpo, reinforce_pp, reinforce_pp_baseline, rloo
+from agent_r1.algorithms.advantages import compute_advantages
 
 
 # ----------------------------------------------------------------- checks
@@ -69,129 +117,6 @@ def _check_steps(step_rewards: torch.Tensor, step_mask: torch.Tensor) -> None:
     if stray.any():
         e, s = (int(i) for i in stray.nonzero()[0])
         raise ValueError(f"step reward [{e}, {s}] = {float(step_rewards[e, s]):g} is on a padded step (step_mask 0)")
-
-
-# -------------------------------------------------------------- estimators
-@torch.no_grad()
-def step_gae(
-    token_rewards: torch.Tensor,
-    values: torch.Tensor,
-    action_mask: torch.Tensor,
-    gamma: float,
-    lam: float,
-    *,
-    process_rewards: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step-level GAE for PPO: GAE over step indices with one critic value per step.
-
-    ``token_rewards`` = step rewards r [E, S], ``action_mask`` = step mask,
-    ``values`` = V [E, S] (the value of the state each step acts from). For a
-    real step t of episode e (V_{e,n_e} = 0 after the last step):
-
-        delta_t = r_t + gamma * V_{t+1} - V_t
-        A_t     = delta_t + gamma * lam * A_{t+1}      (= sum_l (gamma lam)^l delta_{t+l})
-        returns_t    = A_t + V_t                                           on real steps
-        advantages_t = (A_t - mean A) * rsqrt(var A + 1e-8)                on real steps
-
-    mean / var: over every real step of the batch, each step once (unbiased
-    variance). 0 on padded steps. ``process_rewards=False`` first moves every
-    step reward of an episode onto its last step.
-    """
-    _check_steps(token_rewards, action_mask)
-    return gae(token_rewards, values, action_mask, gamma, lam, align=True, process_rewards=process_rewards)
-
-
-@torch.no_grad()
-def step_reinforce_pp(
-    token_rewards: torch.Tensor,
-    action_mask: torch.Tensor,
-    gamma: float,
-    *,
-    process_rewards: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step-level REINFORCE++: each step's discounted return-to-go, whitened over the batch's steps.
-
-        G_t = r_t + gamma * G_{t+1}   (= sum_{t' >= t} gamma^(t'-t) r_{t'}; G = 0 after the last step)
-        advantages_t = (G_t - mean G) * rsqrt(var G + 1e-8),   returns_t = G_t,   on real steps
-
-    mean / var over every real step of the batch (each once, unbiased). This
-    is :func:`step_gae` with V = 0 and lam = 1.
-    """
-    _check_steps(token_rewards, action_mask)
-    return reinforce_pp(token_rewards, action_mask, gamma, align=True, process_rewards=process_rewards)
-
-
-@torch.no_grad()
-def step_grpo(
-    token_rewards: torch.Tensor,
-    action_mask: torch.Tensor,
-    group_id: torch.Tensor,
-    eps: float = 1e-6,
-    norm_by_std: bool = True,
-    *,
-    process_rewards: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step-level GRPO: each step's return-to-go against its group's mean episode return.
-
-    Episode i of group g (n_g episodes, n_i steps), S_i = sum_t r_{i,t} (its
-    return), R_{i,t} = sum_{t' >= t} r_{i,t'} (step t's return-to-go, undiscounted
-    as the flat GRPO, which takes no gamma):
-
-        mean_g  = (1/n_g) sum_{j in g} S_j
-        var_g   = 1/(n_g - 1) * sum_{j in g} (1/n_j) sum_{t < n_j} (R_{j,t} - mean_g)^2
-        A_{i,t} = (R_{i,t} - mean_g) / (sqrt(var_g) + eps)     (norm_by_std=False: R_{i,t} - mean_g)
-
-    on real steps; 0 on padded steps and for a group of one; returns = advantages.
-
-    Centring: step 0's return-to-go is the episode return S_i, so the baseline
-    mean_g is the group's expected return-to-go at the first step, and a step's
-    score counts only the rewards from that step on (its own process reward
-    included; rewards of earlier steps it cannot change). With one step per
-    episode R_{i,0} = S_i: the standard outcome GRPO, equal to the flat one.
-    """
-    _check_steps(token_rewards, action_mask)
-    return grpo(token_rewards, action_mask, group_id, eps, norm_by_std, align=True, process_rewards=process_rewards)
-
-
-@torch.no_grad()
-def step_rloo(
-    token_rewards: torch.Tensor,
-    action_mask: torch.Tensor,
-    group_id: torch.Tensor,
-    *,
-    process_rewards: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step-level RLOO: each step's return-to-go against the mean return of the *other* episodes of its group.
-
-        A_{i,t} = R_{i,t} - (1/(n_g - 1)) * sum_{j in g, j != i} S_j
-
-    (S, R as in :func:`step_grpo`) on real steps; 0 on padded steps and for a
-    group of one; returns = advantages. No normalisation: a process reward p
-    on step t puts step t exactly p above step t+1.
-    """
-    _check_steps(token_rewards, action_mask)
-    return rloo(token_rewards, action_mask, group_id, align=True, process_rewards=process_rewards)
-
-
-@torch.no_grad()
-def step_reinforce_pp_baseline(
-    token_rewards: torch.Tensor,
-    action_mask: torch.Tensor,
-    group_id: torch.Tensor,
-    *,
-    process_rewards: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step-level REINFORCE++-baseline: return-to-go minus the group mean return, whitened over steps.
-
-        B_{i,t} = R_{i,t} - (1/n_g) sum_{j in g} S_j
-        A_{i,t} = (B_{i,t} - mean_K B) * rsqrt(var_K B + 1e-8)
-
-    (S, R as in :func:`step_grpo`; K = the real steps of episodes in groups of
-    two or more, each step once; unbiased variance) on K, 0 elsewhere;
-    returns = advantages.
-    """
-    _check_steps(token_rewards, action_mask)
-    return reinforce_pp_baseline(token_rewards, action_mask, group_id, align=True, process_rewards=process_rewards)
 
 
 # ------------------------------------------------------------ by name
@@ -215,8 +140,8 @@ def compute_step_advantages(
 
     The step table goes where the estimator interface expects the token
     tensors, with the advantage mask aligned to it (``align=True``: every real
-    step is an action; there are no observation positions), so ``grpo`` gives
-    :func:`step_grpo`, ``ppo`` / ``gae`` :func:`step_gae`, and so on.
+    step is an action; there are no observation positions), so each built-in
+    computes its step-level formula of the module docstring.
     """
     _check_steps(step_rewards, step_mask)
     return compute_advantages(
