@@ -10,7 +10,8 @@ import pytest
 
 from agent_r1.config import EnvConfig, RetrievalConfig
 from agent_r1.env import ToolEnv
-from agent_r1.env.tools import SearchTool, Tool, ToolInfrastructureError
+from agent_r1.env.tools import SearchTool, Tool
+from agent_r1.errors import ToolInfrastructureError
 from agent_r1.retrieval.base import Hit
 
 

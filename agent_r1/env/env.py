@@ -14,7 +14,7 @@ Per turn, for each episode:
   valid ones run; a tool that raises or outlives ``tool_timeout_s`` gives an
   error result (invalid) instead of an exception or a hang; the observation
   holds one rendered result per call, in order. The exception is a tool whose
-  backend failed (:class:`~agent_r1.env.tools.ToolInfrastructureError`, or an
+  backend failed (:class:`~agent_r1.errors.ToolInfrastructureError`, or an
   overrun of the tool's own ``backend_deadline_s``): that is not the agent's
   fault, so ``step_batch`` raises it and the run stops; the episodes of that
   step are left mid-turn;
@@ -65,7 +65,8 @@ from agent_r1.env.rewards import (
     turn_process_reward,
 )
 from agent_r1.env.episode import Episode, record_list
-from agent_r1.env.tools import Tool, ToolInfrastructureError
+from agent_r1.env.tools import Tool
+from agent_r1.errors import ToolInfrastructureError
 from agent_r1.retrieval.base import Hit
 
 log = logging.getLogger(__name__)

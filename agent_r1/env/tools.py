@@ -21,7 +21,7 @@ reads the retrieval index sets ``needs_index``; one that brings a worked
 one-shot example sets ``example``.
 
 A tool that cannot work for a reason that is not the agent's (its server is
-down or answers garbage) raises :class:`ToolInfrastructureError`: the env
+down or answers garbage) raises :class:`~agent_r1.errors.ToolInfrastructureError`: the env
 re-raises it and the run stops, instead of scoring an invalid call that would
 quietly poison the rewards.
 """
@@ -67,14 +67,6 @@ def json_type_error(value: Any, expected: str | list[str]) -> str | None:
         if isinstance(value, types) and not (isinstance(value, bool) and name in ("integer", "number")):
             return None
     return f"must be of type {' or '.join(names)}, got {type(value).__name__}"
-
-
-class ToolInfrastructureError(RuntimeError):
-    """A tool's backend failed (not the call the agent wrote); the message names the backend.
-
-    :class:`~agent_r1.env.env.ToolEnv` never turns it into an error observation:
-    it propagates out of ``step_batch`` and stops the rollout.
-    """
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ Failures are of two kinds, and neither reaches the agent as a bad tool call:
 
 A search that still fails after the retries raises
 :class:`RetrievalServerError` too. It is a
-:class:`~agent_r1.env.tools.ToolInfrastructureError`, so the env stops the run
+:class:`~agent_r1.errors.ToolInfrastructureError`, so the env stops the run
 instead of scoring it as an invalid call.
 """
 
@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from agent_r1.env.tools import ToolInfrastructureError
+from agent_r1.errors import ToolInfrastructureError
 from agent_r1.retrieval.base import Hit
 
 log = logging.getLogger(__name__)
