@@ -7,13 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent_r1.config import EnvConfig, ProcessRewardConfig, RewardConfig
+from agent_r1.data.answers import normalize_answer
 from agent_r1.env import SearchTool, ToolEnv
 from agent_r1.env.rewards import (
     answer_score,
     exact_match,
     f1_score,
     finalize_process_rewards,
-    normalize_answer,
     outcome_reward,
     turn_process_reward,
 )

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agent_r1.data.answers import normalize_answer
+
 if TYPE_CHECKING:  # pandas/pyarrow load inside the functions: stages import SchemaError before their params check
     import pandas as pd
     import pyarrow as pa
@@ -60,8 +62,6 @@ def _scorable_aliases(answers: list[str]) -> list[str]:
     matches exactly; the canonical answer is kept either way, for
     :func:`validate_questions` to reject by name.
     """
-    from agent_r1.env.rewards import normalize_answer
-
     return answers[:1] + [a for a in answers[1:] if normalize_answer(a)]
 
 
@@ -74,8 +74,6 @@ def corpus_frame(records: Iterable[Mapping[str, Any]], where: str = "<corpus>") 
 
 
 def validate_questions(df: pd.DataFrame, where: str = "<questions>") -> None:
-    from agent_r1.env.rewards import normalize_answer
-
     missing = [c for c in QUESTION_COLUMNS if c not in df.columns]
     if missing:
         raise SchemaError(f"{where}: missing columns {missing}")

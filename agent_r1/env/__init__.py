@@ -15,7 +15,6 @@ from agent_r1.env.rewards import (
     exact_match,
     f1_score,
     finalize_process_rewards,
-    normalize_answer,
     outcome_reward,
 )
 from agent_r1.env.tools import SearchTool, Tool, ToolExample
@@ -39,7 +38,6 @@ __all__ = [
     "finalize_process_rewards",
     "get_format",
     "make_env",
-    "normalize_answer",
     "outcome_reward",
     "render_result",
 ]

@@ -47,21 +47,11 @@ turn and never answer.
 
 from __future__ import annotations
 
-import re
-import string
 from collections import Counter
 
 from agent_r1.config import ProcessRewardConfig, RewardConfig
+from agent_r1.data.answers import normalize_answer
 from agent_r1.registry import REWARDS
-
-_PUNCTUATION = set(string.punctuation)
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-
-
-def normalize_answer(s: str) -> str:
-    """SQuAD normalisation: lowercase, drop punctuation and the articles a/an/the, squeeze whitespace."""
-    s = "".join(ch for ch in s.lower() if ch not in _PUNCTUATION)
-    return " ".join(_ARTICLES.sub(" ", s).split())
 
 
 def exact_match(pred: str, golds: list[str]) -> float:
