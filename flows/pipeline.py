@@ -13,7 +13,6 @@ even with ``kill -9``, ends its `dvc` and stage processes too (tasks/supervise.p
 from __future__ import annotations
 
 import argparse
-import subprocess
 from pathlib import Path
 
 from prefect import Task, flow
@@ -22,22 +21,10 @@ from prefect.tasks import exponential_backoff
 from agent_r1.config import load_params, with_presets
 from flows.plan import describe, paper_plan
 from flows.run_lock import cli_lock, exclusive_run, flow_run_name
-from tasks.dvc_stage import StageRun, dvc_command, publish_metrics, publish_reports, run_dvc_stage
+from tasks.dvc_stage import StageRun, pipeline_stages, publish_metrics, publish_reports, run_dvc_stage
 
 
 PAPER_DVCFILE = "paper/dvc.yaml"  # the paper's presets: a pipeline of its own (`make paper`)
-
-
-def pipeline_stages(repo: str = ".", dvcfile: str = "dvc.yaml") -> list[str]:
-    """Stage names (foreach stages expanded, e.g. ``train@grpo``) in ``dvcfile`` order,
-    which is topological by construction. Stages of another file than the root
-    dvc.yaml are named ``path/dvc.yaml:stage``, as `dvc repro` takes them."""
-    proc = subprocess.run(
-        [*dvc_command(), "stage", "list", dvcfile, "--name-only", "--fail"], cwd=repo, capture_output=True, text=True
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"dvc stage list failed in {Path(repo).resolve()}: {proc.stderr.strip()}")
-    return proc.stdout.split()
 
 
 # Stages that reach the network (official data-set URLs, PyPI wheels): a failed attempt is

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent_r1.paths import split_seeded
-from tasks.dvc_stage import dvc_command, training_target
+from tasks.dvc_stage import dvc_command, pipeline_stages, training_target
 
 PAPER_DIR = Path("paper")
 
@@ -35,8 +35,6 @@ def stale_stages(repo: Path, dvcfile: str) -> list[str]:
     proc = subprocess.run([*dvc_command(), "status", dvcfile, "--json"], cwd=repo, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"dvc status {dvcfile} failed: {proc.stderr.strip()}")
-    from flows.pipeline import pipeline_stages  # flows.pipeline imports this module
-
     changed = set(json.loads(proc.stdout or "{}"))
     return [s for s in pipeline_stages(str(repo), dvcfile) if s in changed]
 

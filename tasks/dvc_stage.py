@@ -59,6 +59,18 @@ def dvc_command() -> list[str]:
     return [sys.executable, "-m", "dvc"]
 
 
+def pipeline_stages(repo: str = ".", dvcfile: str = "dvc.yaml") -> list[str]:
+    """Stage names (foreach stages expanded, e.g. ``train@grpo``) in ``dvcfile`` order,
+    which is topological by construction. Stages of another file than the root
+    dvc.yaml are named ``path/dvc.yaml:stage``, as `dvc repro` takes them."""
+    proc = subprocess.run(
+        [*dvc_command(), "stage", "list", dvcfile, "--name-only", "--fail"], cwd=repo, capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"dvc stage list failed in {Path(repo).resolve()}: {proc.stderr.strip()}")
+    return proc.stdout.split()
+
+
 SUPERVISOR = Path(__file__).with_name("supervise.py")
 
 
