@@ -178,6 +178,33 @@ def checked_edges(modules: dict[str, Path]) -> list[Edge]:
     return [e for e in import_edges(modules) if not allowed(e.importer)]
 
 
+def _imports_deepspeed(node: ast.AST) -> bool:
+    if isinstance(node, ast.Import):
+        return any(a.name.split(".")[0] == "deepspeed" for a in node.names)
+    return isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "deepspeed"
+
+
+def _calls_select_accelerator(node: ast.AST) -> bool:
+    func = node.func if isinstance(node, ast.Call) else None
+    return (isinstance(func, ast.Name) and func.id == "select_accelerator") or (
+        isinstance(func, ast.Attribute) and func.attr == "select_accelerator"
+    )
+
+
+def unguarded_deepspeed_imports(path: Path) -> list[int]:
+    """Lines of ``path`` that import deepspeed without a ``select_accelerator()`` call before them in
+    the same function; at module level only ``if TYPE_CHECKING:`` may import it."""
+    tree = ast.parse(path.read_text(), str(path))
+    guarded: set[int] = set()  # id() of the import nodes that are fine
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            guarded |= {id(n) for n in ast.walk(node)}
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            calls = [n.lineno for n in ast.walk(node) if _calls_select_accelerator(n)]
+            guarded |= {id(n) for n in ast.walk(node) if _imports_deepspeed(n) and calls and min(calls) < n.lineno}
+    return sorted(n.lineno for n in ast.walk(tree) if _imports_deepspeed(n) and id(n) not in guarded)
+
+
 def test_agent_r1_has_no_import_cycle() -> None:
     modules = module_names(["agent_r1"])
     assert not (cycles := cycle_report(modules, checked_edges(modules))), "\n".join(cycles)
@@ -198,7 +225,8 @@ def test_flows_and_tasks_have_no_import_cycle() -> None:
 
 
 def test_the_graph_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
-    """The parser itself: an import inside a function and a relative one are both edges."""
+    """The parser itself: an import inside a function and a relative one are both edges; a deepspeed
+    import is fine only under TYPE_CHECKING or after select_accelerator() in its function."""
     path = tmp_path / "m.py"
     path.write_text("def f():\n    from ..env import tools\n    import agent_r1.config\n")
     names = list(imported_names("agent_r1.data.m", path))
@@ -206,16 +234,37 @@ def test_the_graph_sees_lazy_and_relative_imports(tmp_path: Path) -> None:
     assert _with_packages("agent_r1.env.tools", "agent_r1.data.m") == ["agent_r1.env", "agent_r1.env.tools"]
     edges = [Edge("a", "b", "a.py", 1), Edge("b", "c", "b.py", 2), Edge("c", "a", "c.py", 3)]
     assert strongly_connected(["a", "b", "c", "d"], edges) == [["a", "b", "c"]]
+    path.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import deepspeed\n"
+        "def f():\n    select_accelerator()\n    import deepspeed\n"
+        "def g():\n    import deepspeed.comm\n    select_accelerator()\n"
+        "import deepspeed\n"
+    )
+    assert unguarded_deepspeed_imports(path) == [8, 10]
+
+
+def test_deepspeed_is_imported_only_after_the_accelerator_is_chosen() -> None:
+    """DeepSpeed picks its accelerator when first imported: each import of it in agent_r1 sits in a
+    function, after ``select_accelerator()``, so every entry point gets the same choice."""
+    bad = [
+        f"{path.relative_to(ROOT)}:{line}: {name} imports deepspeed before select_accelerator()"
+        for name, path in module_names(["agent_r1"]).items()
+        for line in unguarded_deepspeed_imports(path)
+    ]
+    assert not bad, "\n".join(bad)
 
 
 def test_importing_training_leaves_the_environment_alone() -> None:
     """DeepSpeed picks its accelerator when first imported, so DS_ACCELERATOR is set right before
     that import, by the function that needs deepspeed; importing the modules sets nothing."""
+    training = sorted(m for m in module_names(["agent_r1"]) if m.startswith("agent_r1.training."))
+    assert {"agent_r1.training.logprobs", "agent_r1.training.distributed"} <= set(training)
     code = (
-        "import os, sys\n"
-        "import agent_r1.training.logprobs, agent_r1.training.models, agent_r1.training.distributed\n"
+        "import importlib, os, sys\n"
+        f"for name in {training!r}:\n"
+        "    importlib.import_module(name)\n"
         "print(os.environ.get('DS_ACCELERATOR'), 'deepspeed' in sys.modules)\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["None", "False"], f"DS_ACCELERATOR, deepspeed imported: {out.stdout}"
+    assert out.stdout.split() == ["None", "False"], f"DS_ACCELERATOR, deepspeed loaded: {out.stdout} ({training})"
