@@ -29,7 +29,7 @@ from agent_r1.config import TrainConfig
 from agent_r1.rollout.transformers_engine import TransformersEngine
 from agent_r1.training.checkpoint import full_state_dict
 from agent_r1.training.distributed import shutdown_distributed
-from agent_r1.training.engines import init_distributed, make_engine, unwrap  # sets DS_ACCELERATOR first
+from agent_r1.training.engines import init_distributed, make_engine, unwrap
 from agent_r1.training.batching import select_rows
 from agent_r1.training.logprobs import token_logprobs
 from agent_r1.training.weight_sync import sync_rollout_weights

@@ -30,7 +30,7 @@ from agent_r1.config import TrainConfig
 from agent_r1.io import write_json
 from agent_r1.training.checkpoint import full_state_dict, load_latest, save_checkpoint
 from agent_r1.training.distributed import shutdown_distributed
-from agent_r1.training.engines import init_distributed, make_engine  # sets DS_ACCELERATOR first
+from agent_r1.training.engines import init_distributed, make_engine
 from agent_r1.training.batching import equalize_micro_batches, micro_batches, select_rows
 from agent_r1.training.logprobs import token_logprobs
 
