@@ -422,7 +422,7 @@ def vllm_parts(params: Params, a: Arch, device: Device) -> tuple[list[Part], KVC
 
 def transformers_parts(params: Params, a: Arch) -> list[Part]:
     """Our sampler: its own copy of the weights unless it samples with the actor's (ZeRO-1/2, same
-    dtype: trainer.sync_rollout_weights), a float32 copy of the LM head when it samples in bf16,
+    dtype: weight_sync.sync_rollout_weights), a float32 copy of the LM head when it samples in bf16,
     and during the rollout a KV cache of ``batch_size × max_total_tokens`` tokens."""
     r, t = params.rollout, params.train
     parts = []

@@ -126,7 +126,7 @@ def run_worker(engine_name: str, zero: int, steps: int, tiny: Path, world: Path,
 
     from agent_r1.rollout import make_rollout_engine
     from agent_r1.training.distributed import init_distributed
-    from agent_r1.training.trainer import train_rl
+    from agent_r1.training.loop import train_rl
 
     params = smoke_params(engine_name, zero, steps)
     questions = pd.read_parquet(world / "questions.parquet")
@@ -138,7 +138,7 @@ def run_worker(engine_name: str, zero: int, steps: int, tiny: Path, world: Path,
         train_questions=questions[questions["split"] == "train"].to_dict("records"),
         eval_questions=questions[questions["split"] == "test"].to_dict("records")[:2],
         out_model=run_dir / "model", checkpoint_dir=run_dir / "ckpt", live_dir=run_dir / "live",
-        rollout_engine=engine,
+        inference_engine=engine,
     )
     last = summary["last"]
     result = {"start_step": summary["start_step"], "steps": summary["steps"], "seconds": time.monotonic() - t0,

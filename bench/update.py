@@ -48,7 +48,7 @@ def update_params(spec: dict, rows: int) -> Any:
 
 def make_ours(spec: dict, rows: int) -> tuple[Update, Any, Any]:
     """``(run, the model, the params)`` with the trainer's models and update."""
-    from agent_r1.training.engines import unwrap
+    from agent_r1.training.models import unwrap
     from agent_r1.training.loop import build_models, update_from_rollout
 
     params = update_params(spec, rows)
@@ -104,7 +104,7 @@ def make_naive(spec: dict, rows: int, micro_rows: int) -> tuple[Update, Any, Any
     import torch
     from transformers import AutoModelForCausalLM
 
-    from agent_r1.training.engines import optimizer_groups
+    from agent_r1.training.models import optimizer_groups
 
     params = update_params(spec, rows)
     cfg = params.train

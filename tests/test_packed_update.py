@@ -18,7 +18,8 @@ from train_tiny import VOCAB, tiny_llama  # noqa: E402
 
 from agent_r1.config import Params  # noqa: E402
 from agent_r1.rollout.trajectory import TrajectoryBatch  # noqa: E402
-from agent_r1.training.engines import DEFAULT_BUCKET, bucket_elements, ds_config, make_engine  # noqa: E402
+from agent_r1.training.buckets import DEFAULT_BUCKET, bucket_elements  # noqa: E402
+from agent_r1.training.models import ds_config, make_trainable  # noqa: E402
 from agent_r1.training.batching import computed_positions, micro_batches, minibatches  # noqa: E402
 from agent_r1.training.logprobs import PACKED_ATTENTION, token_logprobs, use_packed_attention  # noqa: E402
 from agent_r1.training.loop import build_models, update_from_rollout  # noqa: E402
@@ -131,6 +132,6 @@ def test_zero_buckets_are_sized_to_the_model() -> None:
     smollm = bucket_elements(134_515_008, 28_311_552)  # SmolLM2-135M: a quarter of it, ~135 MB of fp32
     assert 28_311_552 <= smollm <= 134_515_008 // 4 + (1 << 20) and smollm % (1 << 20) == 0
     assert bucket_elements(10**10, 10**8) == DEFAULT_BUCKET
-    engine = make_engine(lm, cfg, 1e-4)  # what the running engine allocates from
+    engine = make_trainable(lm, cfg, 1e-4)  # what the running engine allocates from
     assert engine.optimizer.reduce_bucket_size <= max(n, 1 << 20)
     assert engine.optimizer.allgather_bucket_size <= max(n, 1 << 20)

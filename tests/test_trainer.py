@@ -18,7 +18,7 @@ from agent_r1.rollout.trajectory import TrajectoryBatch
 from agent_r1.training.expert import expert_plan
 from agent_r1.training.sft import expert_demonstrations, keep_grounded, train_sft
 from agent_r1.training.batching import global_denominator, minibatches
-from agent_r1.training.engines import unwrap
+from agent_r1.training.models import unwrap
 from agent_r1.training.loop import build_models, iteration_questions, shard, train_rl, update_from_rollout
 
 
@@ -578,3 +578,33 @@ def test_grpo_without_the_loss_mask_trains_observations_with_their_turns_advanta
     assert torch.equal(off[batch.action_mask == 1], on[batch.action_mask == 1])
     assert torch.equal(off[:, 7:10], on[:, 6:7].expand(-1, 3))  # turn 0's observation: its action's advantage
     assert (off_samples.loss_mask[obs] == 1).all() and (on_samples.loss_mask[obs] == 0).all()
+
+
+# The default engine (transformers, float32) and the trainer (DeepSpeed, packed micro-batches) compute
+# the same float32 log-probs up to rounding: measured mean ~1e-6. A misplaced position, a stale
+# weight or a logprob at the wrong temperature gives 1e-2 to 1.
+ROLLOUT_MISMATCH_TOL = 1e-4
+
+
+@pytest.mark.parametrize("representation", ["flat", "step"])
+def test_the_default_engines_logprobs_match_the_trainers(representation: str, world, policy_dir: Path) -> None:
+    """The real policy, a real multi-turn rollout with the default engine, then the update: its
+    ``rollout_mismatch`` (engine vs trainer log-probs of the sampled tokens) is within the tolerance."""
+    from agent_r1.env import make_env
+    from agent_r1.rollout import make_rollout_engine, run_episodes
+
+    questions, index_dir = world
+    params = Params()
+    params = params.model_copy(update={
+        "rollout": params.rollout.model_copy(update={"n": 2, "max_new_tokens": 24}),
+        "env": params.env.model_copy(update={"max_turns": 2}),
+        "algorithm": params.algorithm.model_copy(update={"representation": representation}),
+        "train": params.train.model_copy(update={"mini_batch_size": 2}),
+    })
+    engine = make_rollout_engine(policy_dir, params.rollout)
+    batch = run_episodes(engine, make_env(params, index_dir), engine.tokenizer, records(questions, "train")[:1],
+                         params.rollout)
+    assert int(batch.action_mask.sum()) > 0
+    metrics = update_from_rollout(params, build_models(params, policy_dir), batch)
+    print(f"\n{representation}: rollout_mismatch {metrics['rollout_mismatch']:.2e}")
+    assert 0 < metrics["rollout_mismatch"] < ROLLOUT_MISMATCH_TOL

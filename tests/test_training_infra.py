@@ -18,10 +18,11 @@ from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 from agent_r1.config import TrainConfig
 from agent_r1.training.checkpoint import LATEST, export_hf, full_state_dict, load_latest, save_checkpoint
-from agent_r1.training.engines import ds_config, init_distributed, make_engine, make_reference, optimizer_groups, unwrap
+from agent_r1.training.distributed import init_distributed
+from agent_r1.training.models import ds_config, make_frozen, make_trainable, optimizer_groups, unwrap
 from agent_r1.training.batching import micro_batches, select_rows
 from agent_r1.training.logprobs import batched_token_logprobs, batched_values, token_logprobs
-from agent_r1.training.models import ValueModel, load_policy
+from agent_r1.training.models import ValueModel, load_policy, make_frozen, make_trainable
 
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 from train_tiny import VOCAB, global_batch, tiny_llama  # noqa: E402
@@ -173,7 +174,7 @@ def test_manual_accumulation_equals_one_full_batch(stage: int) -> None:
     """Three-ish budget micro-batches + one step == plain torch full batch + AdamW, for 2 steps."""
     lr = 1e-3
     reference = fresh_llama()
-    engine = make_engine(copy.deepcopy(reference), cfg_for(stage), lr=lr)
+    engine = make_trainable(copy.deepcopy(reference), cfg_for(stage), lr=lr)
     engine.train()
     opt = torch.optim.AdamW(optimizer_groups(reference, 0.0), lr=lr)
     budget = 60
@@ -198,7 +199,7 @@ def test_manual_accumulation_equals_one_full_batch(stage: int) -> None:
 
 @pytest.mark.parametrize("stage", [2, 3])
 def test_zero_stage_trains_bf16(stage: int) -> None:
-    engine = make_engine(fresh_llama(), cfg_for(stage, bf16=True), lr=3e-3)
+    engine = make_trainable(fresh_llama(), cfg_for(stage, bf16=True), lr=3e-3)
     engine.train()
     batch = global_batch(0)
     losses = [mean_nll_step(engine, batch, budget=80) for _ in range(5)]
@@ -209,7 +210,7 @@ def test_zero_stage_trains_bf16(stage: int) -> None:
 # ------------------------------------------------------------------ reference, value model
 def test_reference_engine_zero3_inference_matches_plain_model() -> None:
     model = fresh_llama().eval()
-    ref = make_reference(copy.deepcopy(model), cfg_for(3))
+    ref = make_frozen(copy.deepcopy(model), cfg_for(3))
     batch = global_batch(3)
     ids, mask = batch["input_ids"], batch["attention_mask"]
     assert not any(p.requires_grad for p in ref.module.parameters())
@@ -229,7 +230,7 @@ def test_value_model_save_load_and_critic_engine(tmp_path: Path) -> None:
     assert values.shape == ids.shape and values.dtype == torch.float32
     assert values.abs().max() < 0.5  # small head init: the first values don't swamp the returns
 
-    engine = make_engine(critic, cfg_for(2), lr=1e-2)
+    engine = make_trainable(critic, cfg_for(2), lr=1e-2)
     engine.train()
     target = torch.linspace(-1, 1, ids.shape[1]).expand_as(ids) * mask
     losses = []
@@ -265,14 +266,14 @@ def test_ds_config_uses_our_accumulation_and_warmup() -> None:
 @pytest.mark.parametrize("stage", [2, 3])
 def test_checkpoint_resume_continues_identically(stage: int, tmp_path: Path) -> None:
     cfg = cfg_for(stage, warmup_steps=3)
-    engine = make_engine(fresh_llama(seed=0), cfg, lr=1e-2)
+    engine = make_trainable(fresh_llama(seed=0), cfg, lr=1e-2)
     engine.train()
     for step in range(2):
         mean_nll_step(engine, global_batch(step), budget=60)
         save_checkpoint({"actor": engine}, tmp_path, step + 1, {"next_step": step + 1})
     uninterrupted = [mean_nll_step(engine, global_batch(step), budget=60) for step in (2, 3)]
 
-    other = make_engine(fresh_llama(seed=1), cfg, lr=1e-2)  # different init: load must overwrite it
+    other = make_trainable(fresh_llama(seed=1), cfg, lr=1e-2)  # different init: load must overwrite it
     other.train()
     step, extra = load_latest({"actor": other}, tmp_path)
     assert (step, extra) == (2, {"next_step": 2})
@@ -294,7 +295,7 @@ def test_checkpoint_files_are_on_disk_before_latest_json_points_at_them(tmp_path
     latest.json's folder after: a power loss never leaves latest.json naming unwritten files."""
     import os
 
-    engine = make_engine(fresh_llama(), cfg_for(2), lr=1e-3)
+    engine = make_trainable(fresh_llama(), cfg_for(2), lr=1e-3)
     events: list[tuple[str, str]] = []
     fsync, replace = os.fsync, os.replace
 
@@ -322,7 +323,7 @@ def test_a_resumed_run_continues_the_random_streams(tmp_path: Path) -> None:
     """Python, numpy and torch RNGs continue after a resume as they would have without one."""
     import numpy as np
 
-    engine = make_engine(fresh_llama(), cfg_for(2), lr=1e-3)
+    engine = make_trainable(fresh_llama(), cfg_for(2), lr=1e-3)
     torch.manual_seed(3), random.seed(3), np.random.seed(3)
     save_checkpoint({"actor": engine}, tmp_path, 1)
     expected = (torch.rand(4), random.random(), np.random.rand())
@@ -333,7 +334,7 @@ def test_a_resumed_run_continues_the_random_streams(tmp_path: Path) -> None:
 
 
 def test_no_checkpoint_gives_none(tmp_path: Path) -> None:
-    engine = make_engine(fresh_llama(), cfg_for(2), lr=1e-3)
+    engine = make_trainable(fresh_llama(), cfg_for(2), lr=1e-3)
     assert load_latest({"actor": engine}, tmp_path) is None
 
 
@@ -343,7 +344,7 @@ def test_export_hf_loads_with_transformers(stage: int, tmp_path: Path) -> None:
     from tokenizers import Tokenizer, models
 
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]")))
-    engine = make_engine(fresh_llama(), cfg_for(stage), lr=1e-2)
+    engine = make_trainable(fresh_llama(), cfg_for(stage), lr=1e-2)
     engine.train()
     mean_nll_step(engine, global_batch(0), budget=80)
     export_hf(engine, tokenizer, tmp_path / "hf")

@@ -3,12 +3,12 @@ checkpoint a run may resume from (its fingerprint).
 
 Layout under ``root``::
 
-    actor/step12/...       one DeepSpeed checkpoint per engine and tag
+    actor/step12/...       one DeepSpeed checkpoint per model and tag
     critic/step12/...
     rng/step12/rank0.pt    each rank's RNG states (python, numpy, torch)
-    latest.json            {"step": 12, "tag": "step12", "engines": [...], "fingerprint": ...}
+    latest.json            {"step": 12, "tag": "step12", "models": [...], "fingerprint": ...}
 
-``latest.json`` is written atomically, and only after every engine (on every
+``latest.json`` is written atomically, and only after every model (on every
 rank) has finished saving and every file of the checkpoint has been fsync'ed,
 so a run killed (or a machine losing power) in the middle of a save resumes
 from the previous complete checkpoint. The last ``keep`` tags are kept; any of
@@ -33,8 +33,8 @@ from agent_r1.config import Params, plugin_refs
 from agent_r1.io import atomic_dir, atomic_path, fsync_path, fsync_tree, hash_files, hash_tree, write_json
 from agent_r1.registry import ref_source
 from agent_r1.training.distributed import barrier, is_rank0
-from agent_r1.training.engines import unwrap
-from agent_r1.training.logprobs import unwrap_engine
+from agent_r1.training.models import unwrap
+from agent_r1.training.logprobs import inner_module
 
 log = logging.getLogger(__name__)
 
@@ -70,36 +70,36 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(
-    engines: dict[str, Any],
+    models: dict[str, Any],
     root: str | Path,
     step: int,
     extra: dict[str, Any] | None = None,
     keep: int = 2,
     fingerprint: Any = None,
 ) -> None:
-    """Save every engine under ``root/<name>/step<step>``; then publish ``latest.json``.
+    """Save every model under ``root/<name>/step<step>``; then publish ``latest.json``.
 
     Collective: every rank must call it. ``extra`` (JSON-able or torch-picklable:
-    data position, metrics) is stored with each engine and returned by
+    data position, metrics) is stored with each model and returned by
     :func:`load_checkpoint`; each rank's RNG states are stored too and restored
     on load. ``fingerprint`` identifies the run's settings in ``latest.json``,
     so a caller can refuse to resume a run with other params.
     """
     root, tag = Path(root), _tag(step)
     client_state = {"agent_r1": dict(extra or {}), "step": step}
-    for name, engine in engines.items():
-        engine.save_checkpoint(str(root / name), tag=tag, client_state=client_state, save_latest=False)
+    for name, model in models.items():
+        model.save_checkpoint(str(root / name), tag=tag, client_state=client_state, save_latest=False)
     with atomic_path(root / RNG / tag / f"rank{_rank()}.pt") as tmp:
         torch.save(rng_state(), tmp)
-    for name in (*engines, RNG):  # this rank's files reach the disk before anything points at them
+    for name in (*models, RNG):  # this rank's files reach the disk before anything points at them
         fsync_tree(root / name / tag)
         fsync_path(root / name)
     fsync_path(root)
     barrier()  # every rank's shards are on disk before the checkpoint is published
     if is_rank0():
-        latest = {"step": step, "tag": tag, "engines": sorted(engines), "fingerprint": fingerprint}
+        latest = {"step": step, "tag": tag, "models": sorted(models), "fingerprint": fingerprint}
         write_json(root / LATEST, latest)
-        _prune(root, [*engines, RNG], step, keep)
+        _prune(root, [*models, RNG], step, keep)
     barrier()
     log.info("checkpoint %s saved to %s", tag, root)
 
@@ -127,29 +127,29 @@ def _prune(root: Path, names: list[str], latest_step: int, keep: int) -> None:
 def published_steps(root: str | Path) -> list[int]:
     """Steps of the complete checkpoints under ``root``, oldest first: at or below
     ``latest.json``'s step (above it: a save killed before it was published),
-    with a folder for every engine it names."""
+    with a folder for every model it names."""
     root = Path(root)
     latest = read_latest(root)
     if latest is None:
         return []
-    per_engine = [set(_tags(root / name)) for name in latest.get("engines", [])]
-    common = set.intersection(*per_engine) if per_engine else set()
+    per_model = [set(_tags(root / name)) for name in latest.get("models", [])]
+    common = set.intersection(*per_model) if per_model else set()
     return sorted(s for s in common if s <= int(latest["step"]))
 
 
-def load_checkpoint(engines: dict[str, Any], root: str | Path, step: int) -> dict[str, Any]:
-    """Restore every engine (weights, optimizer, LR schedule) and this rank's RNG states
+def load_checkpoint(models: dict[str, Any], root: str | Path, step: int) -> dict[str, Any]:
+    """Restore every model (weights, optimizer, LR schedule) and this rank's RNG states
     from the checkpoint at ``step``; return its ``extra``. Collective: every rank must call it."""
     root, tag = Path(root), _tag(step)
     latest = read_latest(root)
     if latest is None or step not in published_steps(root):
         raise FileNotFoundError(f"{root}: no complete checkpoint at step {step} (kept: {published_steps(root)})")
-    missing = [n for n in engines if n not in latest.get("engines", [])]
+    missing = [n for n in models if n not in latest.get("models", [])]
     if missing:
-        raise ValueError(f"{root / LATEST}: checkpoint {tag} has no engine(s) {missing}")
+        raise ValueError(f"{root / LATEST}: checkpoint {tag} has no model(s) {missing}")
     extra: dict[str, Any] = {}
-    for name, engine in engines.items():
-        path, client_state = engine.load_checkpoint(
+    for name, model in models.items():
+        path, client_state = model.load_checkpoint(
             str(root / name), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
         )
         if path is None:
@@ -162,8 +162,8 @@ def load_checkpoint(engines: dict[str, Any], root: str | Path, step: int) -> dic
     return extra
 
 
-def load_latest(engines: dict[str, Any], root: str | Path) -> tuple[int, dict[str, Any]] | None:
-    """Restore every engine from ``root/latest.json``'s checkpoint (see :func:`load_checkpoint`).
+def load_latest(models: dict[str, Any], root: str | Path) -> tuple[int, dict[str, Any]] | None:
+    """Restore every model from ``root/latest.json``'s checkpoint (see :func:`load_checkpoint`).
 
     Returns ``(step, extra)``, or ``None`` when there is no checkpoint yet.
     Collective: every rank must call it.
@@ -172,19 +172,19 @@ def load_latest(engines: dict[str, Any], root: str | Path) -> tuple[int, dict[st
     if latest is None:
         return None
     step = int(latest["step"])
-    return step, load_checkpoint(engines, root, step)
+    return step, load_checkpoint(models, root, step)
 
 
-def full_state_dict(engine: Any) -> dict[str, torch.Tensor] | None:
+def full_state_dict(model: Any) -> dict[str, torch.Tensor] | None:
     """The complete weights, with the Hugging Face model's key names, on rank 0.
 
     Collective under ZeRO-3 (partitions are gathered layer by layer); other
-    ranks get ``None``. Tensors are detached CPU copies in the engine's dtype
-    (e.g. to load into a rollout engine).
+    ranks get ``None``. Tensors are detached CPU copies in the model's dtype
+    (e.g. to load into an inference engine).
     """
-    module = unwrap_engine(engine)
-    if engine.zero_optimization_partition_weights():
-        state = engine._zero3_consolidated_16bit_state_dict()
+    module = inner_module(model)
+    if model.zero_optimization_partition_weights():
+        state = model._zero3_consolidated_16bit_state_dict()
     else:
         state = module.state_dict() if is_rank0() else None
     if state is None:
@@ -192,23 +192,23 @@ def full_state_dict(engine: Any) -> dict[str, torch.Tensor] | None:
     return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
 
 
-def export_hf(engine: Any, tokenizer: Any, out_dir: str | Path) -> None:
-    """Write the engine's model as a plain transformers (safetensors) folder, atomically.
+def export_hf(model: Any, tokenizer: Any, out_dir: str | Path) -> None:
+    """Write a trained model as a plain transformers (safetensors) folder, atomically.
 
     Collective (ZeRO-3 gathers); only rank 0 writes. A causal LM gives a folder
     ``AutoModelForCausalLM.from_pretrained`` loads; a ValueModel its own format
     (``ValueModel.from_pretrained``).
     """
-    state = full_state_dict(engine)
+    state = full_state_dict(model)
     if state is not None:
-        model = unwrap(engine)
-        if hasattr(model, "save_pretrained"):
+        inner = unwrap(model)
+        if hasattr(inner, "save_pretrained"):
             with atomic_dir(out_dir) as tmp:
-                model.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+                inner.save_pretrained(tmp, state_dict=state, safe_serialization=True)
                 if tokenizer is not None:
                     tokenizer.save_pretrained(tmp)
         else:  # ValueModel: backbone folder + head; a tokenizer is not needed to score
-            model.save(out_dir, state_dict=state)
+            inner.save(out_dir, state_dict=state)
     barrier()
 
 

@@ -66,7 +66,7 @@ def use_packed_attention(lm: nn.Module) -> None:
 
 def partitioned(model: nn.Module) -> bool:
     """True when the model's weights are ZeRO-3 shards (every forward is then a collective)."""
-    return any(hasattr(p, "ds_id") for p in unwrap_engine(model).parameters())
+    return any(hasattr(p, "ds_id") for p in inner_module(model).parameters())
 
 
 def _chunk_logprobs(
@@ -210,8 +210,8 @@ def token_logprobs(
 
     Column 0, padding positions and positions outside ``score_mask`` (when
     given) are 0 (as is the entropy there). Gradients
-    flow to the parameters. ``model``: an engine from ``make_engine`` /
-    ``make_reference`` (its forward is already a :class:`LogprobModel`), a
+    flow to the parameters. ``model``: an engine from ``make_trainable`` /
+    ``make_frozen`` (its forward is already a :class:`LogprobModel`), a
     :class:`LogprobModel`, or a plain Hugging Face causal LM (wrapped here).
 
     ``packed``: the real tokens of every row are concatenated and computed as
@@ -219,7 +219,7 @@ def token_logprobs(
     up to float rounding. ``model`` must then use :func:`use_packed_attention`
     (an engine's module, or a causal LM).
     """
-    if not isinstance(unwrap_engine(model), LogprobModel):
+    if not isinstance(inner_module(model), LogprobModel):
         model = LogprobModel(model)
     args = (temperature, return_entropy, chunk_tokens, score_mask)
     if packed:
@@ -287,7 +287,7 @@ def _plan(
         yield rows, select_rows(tensors, rows or [0])
 
 
-def unwrap_engine(model: nn.Module) -> nn.Module:
+def inner_module(model: nn.Module) -> nn.Module:
     """The module a DeepSpeed engine runs (or ``model`` itself)."""
     select_accelerator()  # before deepspeed's first import: it picks its accelerator then
     import deepspeed

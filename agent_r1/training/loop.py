@@ -42,9 +42,8 @@ from agent_r1.training.checkpoint import (
     evaluates_at, export_hf, load_checkpoint, read_latest, resume_step, run_fingerprint, save_checkpoint, scheduled,
 )
 from agent_r1.training.distributed import barrier, init_distributed, is_rank0
-from agent_r1.training.engines import make_engine, make_reference
 from agent_r1.training.live import all_reduce_mean, log_iteration, log_metrics, open_live, rollout_metrics
-from agent_r1.training.models import ValueModel, load_policy
+from agent_r1.training.models import ValueModel, load_policy, make_frozen, make_trainable
 from agent_r1.training.samples import EstimatorSettings, make_samples
 from agent_r1.training.update import Models, UpdateSettings, rl_update
 from agent_r1.training.weight_sync import sync_rollout_weights
@@ -74,12 +73,12 @@ def estimator_settings(params: Params) -> EstimatorSettings:
 def build_models(params: Params, init_model: Path) -> Models:
     """The actor from ``init_model``; the reference only when ``kl_coef > 0``; a critic when the estimator needs one."""
     cfg, alg = params.train, params.algorithm
-    actor = make_engine(load_policy(init_model, "float32", cfg.gradient_checkpointing), cfg, cfg.actor_lr)
-    reference = make_reference(load_policy(init_model, "float32", False), cfg) if alg.kl_coef > 0 else None
+    actor = make_trainable(load_policy(init_model, "float32", cfg.gradient_checkpointing), cfg, cfg.actor_lr)
+    reference = make_frozen(load_policy(init_model, "float32", False), cfg) if alg.kl_coef > 0 else None
     critic = None
     if ESTIMATORS.meta(alg.name, "needs_critic", False):
         value_model = ValueModel.from_pretrained(init_model, "float32", cfg.gradient_checkpointing)
-        critic = make_engine(value_model, cfg, cfg.critic_lr)
+        critic = make_trainable(value_model, cfg, cfg.critic_lr)
     return Models(actor, reference, critic)
 
 

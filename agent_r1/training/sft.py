@@ -26,7 +26,7 @@ from agent_r1.algorithms.losses import aggregate
 from agent_r1.config import Params
 from agent_r1.rollout.trajectory import TrajectoryBatch
 from agent_r1.training.checkpoint import export_hf
-from agent_r1.training.engines import make_engine
+from agent_r1.training.models import make_trainable
 from agent_r1.training.expert import ExpertEngine, expert_plan
 from agent_r1.training.batching import micro_batches, select_rows
 from agent_r1.training.models import load_policy
@@ -79,7 +79,7 @@ def train_sft(
     if not rows:
         raise RuntimeError("no grounded expert demonstration: check retrieval (metrics/retrieval.json)")
 
-    engine = make_engine(load_policy(init_model, "float32", params.train.gradient_checkpointing), params.train, cfg.lr)
+    engine = make_trainable(load_policy(init_model, "float32", params.train.gradient_checkpointing), params.train, cfg.lr)
     tensors = {"input_ids": demos.input_ids, "attention_mask": demos.attention_mask, "mask": demos.action_mask.float()}
     tensors = {k: v.to(device()) for k, v in tensors.items()}  # where the engine computes (cuda:LOCAL_RANK on GPUs)
     rng = random.Random(cfg.seed)

@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from agent_r1.accelerator import select_accelerator
-from agent_r1.training.engines import bucket_elements, unwrap
+from agent_r1.training.buckets import bucket_elements
+from agent_r1.training.models import unwrap
 
 
 def sync_rollout_weights(actor: Any, inference: Any, bucket: int | None = None) -> None:
@@ -64,8 +65,8 @@ def _buckets(tensors: list[NamedTensor], max_elements: int) -> list[list[NamedTe
     return buckets
 
 
-def gathered_weight_buckets(engine: Any, max_elements: int | None = None) -> Iterator[dict[str, torch.Tensor]]:
-    """The engine's weights with the Hugging Face model's key names, a bucket at a time, whole on every rank.
+def gathered_weight_buckets(model: Any, max_elements: int | None = None) -> Iterator[dict[str, torch.Tensor]]:
+    """A DeepSpeed-wrapped model's weights with the Hugging Face model's key names, a bucket at a time, whole on every rank.
 
     Collective under ZeRO-3, every rank must iterate to the end: each bucket is
     one ``deepspeed.zero.GatheredParameters`` (an all-gather of the bucket's
@@ -73,7 +74,7 @@ def gathered_weight_buckets(engine: Any, max_elements: int | None = None) -> Ite
     through rank 0 or is broadcast. A bucket's tensors are the gathered
     parameters themselves, re-partitioned when the next bucket is asked for:
     copy what you keep. Peak extra memory is one bucket: ``max_elements``
-    (default :func:`~agent_r1.training.engines.bucket_elements` of the model,
+    (default :func:`~agent_r1.training.models.bucket_elements` of the model,
     the size of ZeRO's own buckets); a larger tensor comes alone. Persistent
     buffers are not partitioned and come as they are (as in the consolidated
     state dict). Without ZeRO-3 the buckets are the module's own tensors.
@@ -81,7 +82,7 @@ def gathered_weight_buckets(engine: Any, max_elements: int | None = None) -> Ite
     select_accelerator()  # before deepspeed's first import: it picks its accelerator then
     import deepspeed
 
-    tensors = _distinct_tensors(unwrap(engine))
+    tensors = _distinct_tensors(unwrap(model))
     if max_elements is None:
         sizes = [_full_numel(t) for _, t in tensors]
         max_elements = bucket_elements(sum(sizes), max(sizes, default=0))

@@ -29,7 +29,8 @@ from agent_r1.config import TrainConfig
 from agent_r1.rollout.transformers_engine import TransformersEngine
 from agent_r1.training.checkpoint import full_state_dict
 from agent_r1.training.distributed import shutdown_distributed
-from agent_r1.training.engines import init_distributed, make_engine, unwrap
+from agent_r1.training.distributed import init_distributed
+from agent_r1.training.models import make_trainable, unwrap
 from agent_r1.training.batching import select_rows
 from agent_r1.training.logprobs import token_logprobs
 from agent_r1.training.weight_sync import sync_rollout_weights
@@ -73,7 +74,7 @@ def record_calls(rollout: TransformersEngine) -> list[list[str]]:
 
 def check_stage(zero: int, policy: Path, out: Path, bucket: int, rank: int, world: int) -> None:
     cfg = TrainConfig(zero_stage=zero, bf16=False, gradient_checkpointing=False, grad_clip=1.0)
-    actor = make_engine(tiny_llama(seed=0), cfg, lr=1e-2)
+    actor = make_trainable(tiny_llama(seed=0), cfg, lr=1e-2)
     one_step(actor, rank, world)
     rollout = TransformersEngine(policy, dtype="float32")
     calls = record_calls(rollout)

@@ -30,7 +30,8 @@ from agent_r1.config import TrainConfig
 from agent_r1.io import write_json
 from agent_r1.training.checkpoint import full_state_dict, load_latest, save_checkpoint
 from agent_r1.training.distributed import shutdown_distributed
-from agent_r1.training.engines import init_distributed, make_engine
+from agent_r1.training.distributed import init_distributed
+from agent_r1.training.models import make_trainable
 from agent_r1.training.batching import equalize_micro_batches, micro_batches, select_rows
 from agent_r1.training.logprobs import token_logprobs
 
@@ -68,7 +69,7 @@ def main() -> None:
 
     rank, world = init_distributed()
     cfg = TrainConfig(zero_stage=args.zero, bf16=False, gradient_checkpointing=True, grad_clip=1.0)
-    engine = make_engine(tiny_llama(seed=0), cfg, lr=1e-2)
+    engine = make_trainable(tiny_llama(seed=0), cfg, lr=1e-2)
     engine.train()
     start = 0
     if args.ckpt is not None:
