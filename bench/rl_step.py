@@ -77,7 +77,7 @@ with tempfile.TemporaryDirectory() as tmp:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # training's peak, before any evaluation
     held_out = []
     if eval_n:
-        from agent_r1.evaluation.evaluate import play_policy, select_questions
+        from agent_r1.evaluation.greedy import play_policy, select_questions
         from agent_r1.retrieval import load_index
         test = select_questions(read_questions(root / "data/prepared/test.parquet"), eval_n, params.eval.seed)
         infos = play_policy(tmp / "model", load_index(root / "indexes/bm25"), test, params, "bench")

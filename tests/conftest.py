@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from agent_r1.config import EncoderConfig, ModelConfig
-from agent_r1.models import prepare_encoder, prepare_policy
+from agent_r1.pretrained import prepare_encoder, prepare_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 

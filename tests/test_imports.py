@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ALLOWED: set[str] = set()
 
 # agent_r1's layers, low to high: a module may import its own layer or a lower one. A module
-# not listed (agent_r1 itself, cli, plan, smoke, launch, models, compare, stages) is layer 10.
+# not listed (agent_r1 itself, cli, memory_plan, smoke, launch, pretrained, compare, stages) is layer 10.
 LAYERS: dict[str, int] = {
     "agent_r1.paths": 1,
     "agent_r1.io": 1,

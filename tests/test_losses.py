@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_r1.algorithms import aggregate, entropy_from_logits, kl, loss_mask, policy_loss, value_loss
+from agent_r1.algorithms import aggregate_loss, entropy_from_logits, kl, loss_mask, policy_loss, value_loss
 
 LAYOUT = torch.tensor([[0, 0, 1, 1, 0, 0, 1, 1]])  # prompt 2, turn 1, observation 2, turn 2
 ATTENTION = torch.ones(1, 8, dtype=torch.long)
@@ -23,23 +23,23 @@ def logs(*ratios: float) -> torch.Tensor:
 def test_aggregation_modes() -> None:
     loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
-    assert float(aggregate(loss, mask, "token-mean")) == pytest.approx(7 / 3)  # (1 + 2 + 4) / 3
-    assert float(aggregate(loss, mask, "seq-mean-token-sum")) == pytest.approx(3.5)  # (3 + 4) / 2
-    assert float(aggregate(loss, mask, "seq-mean-token-mean")) == pytest.approx(2.75)  # (1.5 + 4) / 2
+    assert float(aggregate_loss(loss, mask, "token-mean")) == pytest.approx(7 / 3)  # (1 + 2 + 4) / 3
+    assert float(aggregate_loss(loss, mask, "seq-mean-token-sum")) == pytest.approx(3.5)  # (3 + 4) / 2
+    assert float(aggregate_loss(loss, mask, "seq-mean-token-mean")) == pytest.approx(2.75)  # (1.5 + 4) / 2
     # a sequence without masked tokens does not count
     mask = torch.tensor([[1, 1, 0], [0, 0, 0]])
-    assert float(aggregate(loss, mask, "seq-mean-token-sum")) == pytest.approx(3.0)
-    assert float(aggregate(loss, mask, "seq-mean-token-mean")) == pytest.approx(1.5)
+    assert float(aggregate_loss(loss, mask, "seq-mean-token-sum")) == pytest.approx(3.0)
+    assert float(aggregate_loss(loss, mask, "seq-mean-token-mean")) == pytest.approx(1.5)
     # gradient accumulation: a fixed denominator
-    assert float(aggregate(loss, mask, "token-mean", denominator=6)) == pytest.approx(0.5)
+    assert float(aggregate_loss(loss, mask, "token-mean", denominator=6)) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="unknown loss aggregation 'mean'"):
-        aggregate(loss, mask, "mean")
+        aggregate_loss(loss, mask, "mean")
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
 def test_empty_mask_gives_zero_not_nan(agg: str) -> None:
     loss = torch.tensor([[1.0, float("inf")], [float("nan"), 2.0]], requires_grad=True)
-    out = aggregate(loss, torch.zeros(2, 2), agg)
+    out = aggregate_loss(loss, torch.zeros(2, 2), agg)
     out.backward()
     assert float(out.detach()) == 0.0 and torch.equal(loss.grad, torch.zeros(2, 2))
 
@@ -103,7 +103,7 @@ def test_loss_mask_gives_exactly_zero_gradient_off_the_actions() -> None:
         values = [-1e9, float("nan"), -0.9, -1.1, -1.2, -0.8, -1.0, -1.05] if use_action_mask else [-1.0] * 2 + [-0.9, -1.1, -1.2, -0.8, -1.0, -1.05]
         lp = torch.tensor([values], requires_grad=True)
         loss, _ = policy_loss(lp, old, adv, mask, dual_clip=3.0)
-        entropy_like = aggregate(kl(lp, old, "k3"), mask)
+        entropy_like = aggregate_loss(kl(lp, old, "k3"), mask)
         (loss + entropy_like).backward()
         grad = lp.grad[0]
         assert torch.isfinite(loss) and torch.isfinite(grad).all()

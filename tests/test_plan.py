@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from agent_r1 import plan
+from agent_r1 import memory_plan
 from agent_r1.cli import main
 from agent_r1.config import Params, experiment_params, load_params, with_sets
-from agent_r1.plan import GiB, Device, arch_from_config, estimate, with_key
+from agent_r1.memory_plan import GiB, Device, arch_from_config, estimate, with_key
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "params/qwen2.5-3b-hotpotqa.yaml"
-QWEN3B = arch_from_config(plan.KNOWN_CONFIGS["Qwen/Qwen2.5-3B-Instruct"], "test")
-SMOL = arch_from_config(plan.KNOWN_CONFIGS["HuggingFaceTB/SmolLM2-135M-Instruct"], "test")
+QWEN3B = arch_from_config(memory_plan.KNOWN_CONFIGS["Qwen/Qwen2.5-3B-Instruct"], "test")
+SMOL = arch_from_config(memory_plan.KNOWN_CONFIGS["HuggingFaceTB/SmolLM2-135M-Instruct"], "test")
 CPU = Device("cpu", 1, 24.0, "test")
 # An estimate of the default CPU run may be this far from its measured peak RSS. Why 15%: the runtime
 # and allocator slack are two constants for what the process holds besides tensors, and the same
@@ -28,10 +28,10 @@ RSS_TOLERANCE = 0.15
 @pytest.fixture(autouse=True)
 def no_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     """The same answers on a machine with a GPU: no device is looked up unless a test says so."""
-    monkeypatch.setattr(plan, "cuda_devices", lambda: None)
+    monkeypatch.setattr(memory_plan, "cuda_devices", lambda: None)
 
 
-def parts(est: plan.Estimate) -> dict[str, float]:
+def parts(est: memory_plan.Estimate) -> dict[str, float]:
     """Part name -> bytes."""
     return {p.name: p.gib * GiB for p in est.parts}
 
@@ -44,16 +44,16 @@ def default_params(*sets: str) -> Params:
 
 # ---------------------------------------------------------------------- the model's shape
 def test_parameter_counts_match_the_official_models() -> None:
-    assert plan.n_params(SMOL) == 134_515_008  # the tensors in models/policy/model.safetensors
-    assert plan.n_params(QWEN3B) == 3_085_938_688  # the model card: 3.09B
-    qwen7b = arch_from_config(plan.KNOWN_CONFIGS["Qwen/Qwen2.5-7B-Instruct"], "test")
-    assert plan.n_params(qwen7b) == 7_615_616_512  # the model card: 7.61B (an untied head)
+    assert memory_plan.n_params(SMOL) == 134_515_008  # the tensors in models/policy/model.safetensors
+    assert memory_plan.n_params(QWEN3B) == 3_085_938_688  # the model card: 3.09B
+    qwen7b = arch_from_config(memory_plan.KNOWN_CONFIGS["Qwen/Qwen2.5-7B-Instruct"], "test")
+    assert memory_plan.n_params(qwen7b) == 7_615_616_512  # the model card: 7.61B (an untied head)
     assert (QWEN3B.head_dim, QWEN3B.kv_dim, QWEN3B.qkv_bias, SMOL.qkv_bias) == (128, 256, True, False)
 
 
 def test_built_in_smollm2_shape_is_the_downloaded_one(policy_dir: Path) -> None:
     """The built-in copy of SmolLM2-135M's shape is the one the download stage writes (conftest builds it so)."""
-    assert plan.read_config(policy_dir).__dict__ | {"source": "test"} == SMOL.__dict__
+    assert memory_plan.read_config(policy_dir).__dict__ | {"source": "test"} == SMOL.__dict__
 
 
 def test_chunk_size_is_the_one_logprobs_uses() -> None:
@@ -61,31 +61,31 @@ def test_chunk_size_is_the_one_logprobs_uses() -> None:
     tree = ast.parse((ROOT / "agent_r1/training/logprobs.py").read_text())
     fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "token_logprobs")
     defaults = dict(zip([a.arg for a in fn.args.kwonlyargs], fn.args.kw_defaults))
-    assert ast.literal_eval(defaults["chunk_tokens"]) == plan.CHUNK_TOKENS
+    assert ast.literal_eval(defaults["chunk_tokens"]) == memory_plan.CHUNK_TOKENS
 
 
 def test_model_shape_comes_from_the_params_or_the_flag(tmp_path: Path) -> None:
     recipe = load_params(RECIPE)
-    assert plan.model_arch(recipe).hidden_size == 2048  # a hub id: the built-in table
-    assert plan.model_arch(Params()).hidden_size == 576  # the default wheel
+    assert memory_plan.model_arch(recipe).hidden_size == 2048  # a hub id: the built-in table
+    assert memory_plan.model_arch(Params()).hidden_size == 576  # the default wheel
     hub = with_key(recipe, "model.path", "someorg/unknown-model")
-    with pytest.raises(plan.PlanError, match="--model-config"):
-        plan.model_arch(hub)
-    cfg = {**plan.KNOWN_CONFIGS["Qwen/Qwen2.5-7B-Instruct"]}
+    with pytest.raises(memory_plan.PlanError, match="--model-config"):
+        memory_plan.model_arch(hub)
+    cfg = {**memory_plan.KNOWN_CONFIGS["Qwen/Qwen2.5-7B-Instruct"]}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    assert plan.model_arch(hub, tmp_path).hidden_size == 3584
-    assert plan.model_arch(with_key(recipe, "model.path", str(tmp_path))).hidden_size == 3584  # a local folder
+    assert memory_plan.model_arch(hub, tmp_path).hidden_size == 3584
+    assert memory_plan.model_arch(with_key(recipe, "model.path", str(tmp_path))).hidden_size == 3584  # a local folder
     del cfg["vocab_size"]
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(plan.PlanError, match="'vocab_size'"):
-        plan.model_arch(hub, tmp_path)
+    with pytest.raises(memory_plan.PlanError, match="'vocab_size'"):
+        memory_plan.model_arch(hub, tmp_path)
 
 
 # ---------------------------------------------------------------------- the arithmetic
 def test_zero_stages_partition_what_they_should() -> None:
     """n = 1000 parameters over 4 ranks, bf16: weights 2n, fp32 master 4n, fp32 gradients 4n, Adam 8n."""
     def state(b: int, stage: int, ranks: int = 4) -> list[float]:
-        return [round(p.gib * GiB) for p in plan.training_state("actor", 1000, b, stage, ranks)]
+        return [round(p.gib * GiB) for p in memory_plan.training_state("actor", 1000, b, stage, ranks)]
 
     assert state(2, 1) == [2000, 1000, 4000, 2000]  # ZeRO-1: the optimizer's (master + moments)
     assert state(2, 2) == [2000, 1000, 1000, 2000]  # ZeRO-2: + gradients
@@ -98,7 +98,7 @@ def test_zero_stages_partition_what_they_should() -> None:
 def test_bf16_halves_weights_and_activations() -> None:
     fp32 = parts(estimate(default_params(), SMOL, CPU))
     bf16 = parts(estimate(default_params("train.bf16=true", "rollout.dtype=bfloat16"), SMOL, CPU))
-    n = plan.n_params(SMOL)
+    n = memory_plan.n_params(SMOL)
     assert fp32["actor weights (fp32)"] == 4 * n and bf16["actor weights (bf16)"] == 2 * n
     key = "activations (1024 tokens, no checkpointing)"
     assert 0.5 < bf16[key] / fp32[key] < 0.75  # the norms' fp32 upcasts stay fp32
@@ -107,19 +107,19 @@ def test_bf16_halves_weights_and_activations() -> None:
 def test_activation_formula() -> None:
     """Per layer and token: the bytes autograd saves (counted with saved_tensors_hooks on
     transformers' LlamaModel / Qwen2Model, one row of 256 and 512 tokens, 1 and 2 layers)."""
-    assert plan.layer_activation_bytes(SMOL, 4) == 44_588
-    assert plan.layer_activation_bytes(QWEN3B, 2) == 130_120
-    A, other = plan.layer_activation_bytes(QWEN3B, 2), plan.other_activation_bytes(QWEN3B, 2)
-    assert plan.activation_bytes(QWEN3B, 100, 2, False) == 100 * (37 * A + other)
-    assert plan.activation_bytes(QWEN3B, 100, 2, True) == 100 * (36 * 2 * 2048 + 2 * A + other)
-    assert plan.logits_bytes(QWEN3B, 32768, 2) == 1024 * 151936 * 12.5  # one chunk, whatever the budget
+    assert memory_plan.layer_activation_bytes(SMOL, 4) == 44_588
+    assert memory_plan.layer_activation_bytes(QWEN3B, 2) == 130_120
+    A, other = memory_plan.layer_activation_bytes(QWEN3B, 2), memory_plan.other_activation_bytes(QWEN3B, 2)
+    assert memory_plan.activation_bytes(QWEN3B, 100, 2, False) == 100 * (37 * A + other)
+    assert memory_plan.activation_bytes(QWEN3B, 100, 2, True) == 100 * (36 * 2 * 2048 + 2 * A + other)
+    assert memory_plan.logits_bytes(QWEN3B, 32768, 2) == 1024 * 151936 * 12.5  # one chunk, whatever the budget
 
 
 def test_reference_and_critic_only_when_the_algorithm_has_them() -> None:
     recipe = load_params(RECIPE)
     grpo, ppo = experiment_params(recipe, "grpo"), experiment_params(recipe, "ppo")
     gpus = Device("gpu", 8, 80.0, "test")
-    n = plan.n_params(QWEN3B)
+    n = memory_plan.n_params(QWEN3B)
     g = parts(estimate(grpo, QWEN3B, gpus))
     assert g["reference model (bf16, 1/8)"] == 2 * n / 8 and not any(k.startswith("critic") for k in g)
     assert not any("reference" in k for k in parts(estimate(with_key(grpo, "algorithm.kl_coef", 0.0), QWEN3B, gpus)))
@@ -135,7 +135,7 @@ def test_rollout_engines() -> None:
     assert not any(k.startswith("rollout engine") for k in shared)  # samples with the actor's own tensors
     assert shared["rollout KV cache (32 episodes × 1024 tokens)"] == 32 * 1024 * 2 * 30 * 3 * 64 * 4
     own = parts(estimate(with_key(p, "rollout.dtype", "bfloat16"), SMOL, CPU))
-    assert own["rollout engine weights (own copy, bfloat16)"] == 2 * plan.n_params(SMOL)
+    assert own["rollout engine weights (own copy, bfloat16)"] == 2 * memory_plan.n_params(SMOL)
     assert own["rollout engine float32 LM head"] == 49152 * 576 * 4
 
 
@@ -144,13 +144,13 @@ def test_vllm_kv_cache_on_gpu() -> None:
     est = estimate(grpo, QWEN3B, gpus)
     per_token = 2 * 36 * 2 * 128 * 2
     assert est.kv is not None and est.kv.bytes_per_token == per_token
-    assert est.kv.tokens == int((0.3 * 80 * GiB - 2 * plan.n_params(QWEN3B) - GiB) // per_token)
+    assert est.kv.tokens == int((0.3 * 80 * GiB - 2 * memory_plan.n_params(QWEN3B) - GiB) // per_token)
     assert next(p for p in est.parts if p.name.startswith("vLLM")).phase == "rollout"  # asleep during the update
     awake = estimate(with_key(grpo, "rollout.vllm.sleep_level", 0), QWEN3B, gpus)
     assert next(p for p in awake.parts if p.name.startswith("vLLM")).phase == "always"
     small = estimate(with_key(grpo, "rollout.vllm.gpu_memory_utilization", 0.05), QWEN3B, gpus)
     assert not small.fits and "rollout.vllm.gpu_memory_utilization: 0.05" in small.problems[0]
-    assert f"at least {plan.least_gpu_utilization(grpo, QWEN3B, gpus)}" in small.problems[0]
+    assert f"at least {memory_plan.least_gpu_utilization(grpo, QWEN3B, gpus)}" in small.problems[0]
 
 
 def test_an_episode_longer_than_the_context_is_a_problem() -> None:
@@ -251,8 +251,8 @@ def test_bad_input_fails_naming_the_file_key_or_flag(tmp_path: Path, capsys: pyt
 
 
 def test_without_flags_the_device_is_found() -> None:
-    assert plan.find_device().kind == "cpu"  # no CUDA (the fixture): this machine's RAM
-    assert plan.find_device().memory_gib == pytest.approx(plan.ram_gib())
+    assert memory_plan.find_device().kind == "cpu"  # no CUDA (the fixture): this machine's RAM
+    assert memory_plan.find_device().memory_gib == pytest.approx(memory_plan.ram_gib())
 
 
 @pytest.mark.slow
@@ -283,4 +283,4 @@ def test_activation_formula_counts_what_autograd_saves(model_type: str, dtype: s
         return sum(storages.values())
 
     arch = arch_from_config({"model_type": model_type, "num_hidden_layers": 1, **shape}, "test")
-    assert saved(2) - saved(1) == 64 * plan.layer_activation_bytes(arch, plan.DTYPE_BYTES[dtype])
+    assert saved(2) - saved(1) == 64 * memory_plan.layer_activation_bytes(arch, memory_plan.DTYPE_BYTES[dtype])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_r1.evaluation.aggregate import aggregate
+from agent_r1.evaluation.summary import summarize_episodes
 from agent_r1.evaluation.report import write_report
 
 
@@ -15,13 +15,13 @@ def ep(source: str, em: float, f1: float, **kw) -> dict:
     return {"source": source, "type": kw.pop("type", "bridge"), "em": em, "f1": f1, **kw}
 
 
-def test_aggregate_shape_and_numbers() -> None:
+def test_summarize_episodes_shape_and_numbers() -> None:
     rows = [
         ep("synthetic", 1, 1, answered=True, turns=3, tool_calls=2, invalid_calls=0),
         ep("synthetic", 0, 0.5, answered=True, turns=2, tool_calls=1, invalid_calls=1),
         ep("synthetic_3hop", 0, 0, answered=False, turns=4, tool_calls=4, invalid_calls=1, type="compositional"),
     ]
-    m = aggregate(rows, "x")
+    m = summarize_episodes(rows, "x")
     assert m["n"] == 3 and m["em"] == pytest.approx(1 / 3, abs=1e-4) and m["f1"] == pytest.approx(0.5)
     assert m["by_source"] == {
         "synthetic": {"em": 0.5, "f1": 0.75, "n": 2},
@@ -35,7 +35,7 @@ def test_aggregate_shape_and_numbers() -> None:
 
 
 def test_outcomes_are_one_line_per_question_sorted_by_id(tmp_path: Path) -> None:
-    from agent_r1.evaluation.aggregate import OUTCOME_KEYS, write_outcomes
+    from agent_r1.evaluation.summary import OUTCOME_KEYS, write_outcomes
 
     episodes = [
         {"question_id": "q2", "source": "s", "type": "bridge", "em": 1.0, "f1": 1.0, "answer": "Quorvale",
@@ -48,9 +48,9 @@ def test_outcomes_are_one_line_per_question_sorted_by_id(tmp_path: Path) -> None
     assert rows[1]["answer"] == "Quorvale" and rows[0]["answer"] is None and rows[0]["turns"] is None
 
 
-def test_aggregate_rejects_empty() -> None:
+def test_summarize_episodes_rejects_empty() -> None:
     with pytest.raises(ValueError, match="no episodes"):
-        aggregate([], "x")
+        summarize_episodes([], "x")
 
 
 def test_report_table_and_chart(tmp_path: Path) -> None:
@@ -62,7 +62,7 @@ def test_report_table_and_chart(tmp_path: Path) -> None:
         "grpo": [ep("synthetic", 1, 1), ep("synthetic_3hop", 1, 1)],
     }
     for method, rows in results.items():
-        (eval_dir / f"{method}.json").write_text(json.dumps(aggregate(rows, method)))
+        (eval_dir / f"{method}.json").write_text(json.dumps(summarize_episodes(rows, method)))
     md, png = tmp_path / "r" / "results.md", tmp_path / "r" / "results.png"
     text = write_report(eval_dir, ["synthetic"], md, png)
     lines = [line for line in text.splitlines() if line.startswith("| ")]
@@ -78,7 +78,7 @@ def test_report_table_and_chart(tmp_path: Path) -> None:
 def test_warm_start_row_says_whether_sft_ran(tmp_path: Path, warm_start: bool) -> None:
     eval_dir = tmp_path / "eval"
     eval_dir.mkdir()
-    (eval_dir / "sft.json").write_text(json.dumps(aggregate([ep("synthetic", 1, 1)], "sft")))
+    (eval_dir / "sft.json").write_text(json.dumps(summarize_episodes([ep("synthetic", 1, 1)], "sft")))
     text = write_report(eval_dir, ["synthetic"], tmp_path / "r.md", tmp_path / "r.png", warm_start=warm_start)
     label = "SFT warm start (no RL)" if warm_start else "Base model, RL prompt (no warm start, no RL)"
     assert f"| {label} | 1.0000 |" in text
@@ -179,7 +179,7 @@ def test_presets_report_has_paper_column_and_ablation_deltas(tmp_path: Path) -> 
     for method, (ind, ood) in em.items():
         rows = [ep("synthetic", ind, ind), ep("synthetic_3hop", ood, ood)]
         (shared if method in ("naive_rag", "sft") else presets).joinpath(f"{method}.json").write_text(
-            json.dumps(aggregate(rows, method))
+            json.dumps(summarize_episodes(rows, method))
         )
     (shared / "grpo.json").write_text("{}")  # the default run's own experiment: not part of the presets report
     experiments = {
@@ -202,7 +202,7 @@ def test_presets_report_rows_follow_the_presets_order(tmp_path: Path) -> None:
     eval_dir = tmp_path / "eval"
     eval_dir.mkdir()
     for method in ("grpo", "rloo", "sft", "extra"):
-        (eval_dir / f"{method}.json").write_text(json.dumps(aggregate([ep("synthetic", 1, 1)], method)))
+        (eval_dir / f"{method}.json").write_text(json.dumps(summarize_episodes([ep("synthetic", 1, 1)], method)))
     experiments = {"rloo": ExperimentConfig(label="RLOO"), "grpo": ExperimentConfig(label="GRPO")}
     text = write_report(eval_dir, ["synthetic"], tmp_path / "r.md", tmp_path / "r.png", experiments=experiments)
     em_rows = text.split("## Exact match")[1].split("![")[0]
@@ -223,7 +223,7 @@ def test_report_stage_leaves_out_removed_experiments(tmp_path: Path, monkeypatch
     write_parquet("data/prepared/train.parquet", questions[questions["split"] == "train"])
     Path("metrics/eval").mkdir(parents=True)
     for method in ("sft", "grpo", "old"):
-        Path(f"metrics/eval/{method}.json").write_text(json.dumps(aggregate([ep("synthetic", 1, 1)], method)))
+        Path(f"metrics/eval/{method}.json").write_text(json.dumps(summarize_episodes([ep("synthetic", 1, 1)], method)))
         d = Path(f"dvclive/{method}/plots/metrics/train")
         d.mkdir(parents=True)
         (d / "reward.tsv").write_text("step\treward\n0\t0.5\n")
@@ -278,7 +278,7 @@ def test_report_compares_methods_question_by_question(tmp_path: Path) -> None:
     for method, ok in right.items():
         rows = [{"id": f"q{i}", "source": "synthetic", "type": "bridge", "em": float(i in ok), "f1": 0.0}
                 for i in range(20)]
-        (eval_dir / f"{method}.json").write_text(json.dumps(aggregate(rows, method)))
+        (eval_dir / f"{method}.json").write_text(json.dumps(summarize_episodes(rows, method)))
         (out_dir / f"{method}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     experiments = {"grpo": ExperimentConfig(), "grpo-no-loss-mask": ExperimentConfig(ablation_of="grpo")}
     assert comparisons(["sft", "grpo", "grpo-no-loss-mask"], {"grpo-no-loss-mask": "grpo"}) == [
@@ -325,7 +325,7 @@ def test_report_of_seeded_runs_shows_their_mean_and_spread(tmp_path: Path) -> No
     def write(stem: str, right: range) -> None:
         rows = [{"id": f"q{i}", "source": "synthetic", "type": "bridge", "em": float(i in right), "f1": 0.0}
                 for i in range(20)]
-        (eval_dir / f"{stem}.json").write_text(json.dumps(aggregate(rows, stem)))
+        (eval_dir / f"{stem}.json").write_text(json.dumps(summarize_episodes(rows, stem)))
         (out_dir / f"{stem}.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
 
     write("sft", range(2))
@@ -346,7 +346,7 @@ def test_validation_questions_spread_the_in_training_eval_over_sources() -> None
     """The curve's step 0 scores the questions the trainer's in-training evals score."""
     import pandas as pd
 
-    from agent_r1.evaluation.evaluate import select_questions, validation_questions
+    from agent_r1.evaluation.greedy import select_questions, validation_questions
 
     val = pd.DataFrame({"id": [f"q{i}" for i in range(30)], "source": ["a"] * 20 + ["b"] * 10})
     picked = validation_questions(val, 10, seed=3)

@@ -47,7 +47,7 @@ def encoder_dir() -> Path:
     """The pipeline's encoder folder; built from the PyPI wheel if this checkout lacks it."""
     path = REPO / "models" / "encoder"
     if not (path / "modules.json").is_file():
-        from agent_r1.models import prepare_encoder
+        from agent_r1.pretrained import prepare_encoder
 
         prepare_encoder(EncoderConfig(), path)
     return path

@@ -14,12 +14,12 @@ from agent_r1.algorithms.advantages import (
     reinforce_pp_baseline,
     rloo,
 )
-from agent_r1.algorithms.losses import aggregate, entropy_from_logits, kl, policy_loss, value_loss
+from agent_r1.algorithms.losses import aggregate_loss, entropy_from_logits, kl, policy_loss, value_loss
 from agent_r1.algorithms.masking import advantage_mask, loss_mask, masked_mean, masked_whiten, response_mask
 
 __all__ = [
     "advantage_mask",
-    "aggregate",
+    "aggregate_loss",
     "compute_advantages",
     "entropy_from_logits",
     "gae",

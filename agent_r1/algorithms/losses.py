@@ -1,6 +1,6 @@
 """Losses over [B, T] token tensors: PPO policy loss, clipped value loss, KL estimators, entropy.
 
-Each loss is an elementwise [B, T] matrix reduced by :func:`aggregate` over a
+Each loss is an elementwise [B, T] matrix reduced by :func:`aggregate_loss` over a
 mask (the paper's loss mask: the policy's own tokens). Masking uses ``where``,
 never a product, so a masked-out token contributes exactly zero loss and
 exactly zero gradient, whatever its (possibly garbage) logprob.
@@ -17,7 +17,7 @@ AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 LOG_RATIO_CLAMP = 20.0
 
 
-def aggregate(loss_mat: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean", denominator: float | None = None) -> torch.Tensor:
+def aggregate_loss(loss_mat: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean", denominator: float | None = None) -> torch.Tensor:
     """Reduce a [B, T] loss matrix over ``mask`` to a scalar.
 
     * ``token-mean``: sum over masked tokens / number of masked tokens in the batch;
@@ -90,7 +90,7 @@ def policy_loss(
         negative = advantages < 0
         metrics["dual_clipfrac"] = _share(negative & (loss_mat > bound), mask)
         loss_mat = torch.where(negative, torch.minimum(loss_mat, bound), loss_mat)
-    return aggregate(loss_mat, mask, agg, denominator), metrics
+    return aggregate_loss(loss_mat, mask, agg, denominator), metrics
 
 
 def value_loss(
@@ -111,7 +111,7 @@ def value_loss(
     clipped_values = torch.maximum(torch.minimum(values, old_values + clip), old_values - clip)
     plain = (values - returns).square()
     clipped = (clipped_values - returns).square()
-    loss = 0.5 * aggregate(torch.maximum(plain, clipped), mask, agg, denominator)
+    loss = 0.5 * aggregate_loss(torch.maximum(plain, clipped), mask, agg, denominator)
     return loss, {"vf_clipfrac": _share(clipped > plain, mask)}
 
 

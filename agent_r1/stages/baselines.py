@@ -25,8 +25,8 @@ def baselines(
     base_tool_call_outcomes: Path = paths.OUTCOMES_DIR / "base_tool_call.jsonl",
 ) -> None:
     from agent_r1.data.schema import read_questions
-    from agent_r1.evaluation.aggregate import aggregate, write_outcomes
-    from agent_r1.evaluation.evaluate import play_naive_rag, play_policy, select_questions
+    from agent_r1.evaluation.greedy import play_naive_rag, play_policy, select_questions
+    from agent_r1.evaluation.summary import summarize_episodes, write_outcomes
     from agent_r1.retrieval import check_index, load_index
 
     location = paths.index_location(params.retrieval.index, indexes)
@@ -37,13 +37,13 @@ def baselines(
     index = load_index(location)
     log.info("Naive RAG on %d test questions", len(records))
     rows = play_naive_rag(policy, index, records, params, params.eval.naive_rag_max_new_tokens)
-    rag = aggregate(rows, "naive_rag")
+    rag = summarize_episodes(rows, "naive_rag")
     write_json(naive_rag, rag)
     write_outcomes(naive_rag_outcomes, rows)
     log.info("Naive RAG EM %.4f F1 %.4f", rag["em"], rag["f1"])
     log.info("Base Tool Call on %d test questions", len(records))
     infos = play_policy(policy, index, records, params, "base_tool_call")
-    base = aggregate(infos, "base_tool_call")
+    base = summarize_episodes(infos, "base_tool_call")
     write_json(base_tool_call, base)
     write_outcomes(base_tool_call_outcomes, infos)
     log.info("Base Tool Call EM %.4f F1 %.4f answer rate %.3f", base["em"], base["f1"], base["answer_rate"])

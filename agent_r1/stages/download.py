@@ -14,7 +14,7 @@ from pathlib import Path
 
 from agent_r1 import paths
 from agent_r1.config import Params
-from agent_r1.models import prepare_encoder, prepare_policy
+from agent_r1.pretrained import prepare_encoder, prepare_policy
 from agent_r1.stages.common import run_stage
 
 log = logging.getLogger(__name__)

@@ -40,8 +40,8 @@ def evaluate(
     are the ones a training run's in-training evals score (train.eval_questions of that
     validation split), not ``test_questions``' eval.questions_per_source."""
     from agent_r1.data.schema import read_questions
-    from agent_r1.evaluation.aggregate import aggregate, write_outcomes
-    from agent_r1.evaluation.evaluate import play_policy, select_questions, validation_questions
+    from agent_r1.evaluation.greedy import play_policy, select_questions, validation_questions
+    from agent_r1.evaluation.summary import summarize_episodes, write_outcomes
     from agent_r1.retrieval import check_index, load_index
 
     if experiment == SFT:
@@ -57,7 +57,7 @@ def evaluate(
         records = select_questions(read_questions(test_questions), p.eval.questions_per_source, p.eval.seed)
     started = time.monotonic()
     infos = play_policy(model, load_index(location), records, p, experiment)
-    result = {**aggregate(infos, experiment), "seconds": round(time.monotonic() - started, 1)}
+    result = {**summarize_episodes(infos, experiment), "seconds": round(time.monotonic() - started, 1)}
     write_json(metrics or paths.EVAL_METRICS_DIR / f"{experiment}.json", result)
     write_outcomes(outcomes or paths.OUTCOMES_DIR / f"{experiment}.jsonl", infos)
     log.info("%s: EM %.4f F1 %.4f answer rate %.3f", experiment, result["em"], result["f1"], result["answer_rate"])

@@ -76,7 +76,7 @@ def train(
     if launcher is not None:
         relaunch_under_deepspeed(launcher)
 
-    from agent_r1.evaluation.evaluate import validation_questions
+    from agent_r1.evaluation.greedy import validation_questions
     from agent_r1.training.distributed import is_rank0, shutdown_distributed
     from agent_r1.training.loop import train_rl
 

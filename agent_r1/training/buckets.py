@@ -1,7 +1,7 @@
 """ZeRO's bucket sizes: plain arithmetic, importable without DeepSpeed.
 
 :mod:`agent_r1.training.models` configures DeepSpeed with them, and ``agent-r1 plan``
-(:mod:`agent_r1.plan`) counts the buffers they size without importing DeepSpeed
+(:mod:`agent_r1.memory_plan`) counts the buffers they size without importing DeepSpeed
 (seconds of import for a command that answers in a few).
 """
 

@@ -226,7 +226,7 @@ def read_latest(root: str | Path) -> dict[str, Any] | None:
 # ------------------------------------------------------------------ what a resumed run must share
 # The agent_r1 sources a run's weights and metrics depend on (params cover the settings).
 TRAINING_CODE: tuple[str, ...] = (
-    "training", "algorithms", "env", "rollout", "retrieval", "evaluation/aggregate.py", "config.py", "registry.py",
+    "training", "algorithms", "env", "rollout", "retrieval", "evaluation/summary.py", "config.py", "registry.py",
     "accelerator.py", "data/answers.py",
 )
 FINGERPRINT_PARTS: dict[str, str] = {

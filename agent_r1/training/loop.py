@@ -143,9 +143,9 @@ def train_iteration(
 
 def held_out_eval(rollout: Rollout, eval_questions: list[dict], params: Params) -> dict[str, float]:
     """Greedy episodes of the held-out questions with the inference engine's current weights."""
-    from agent_r1.evaluation.aggregate import aggregate as aggregate_episodes
+    from agent_r1.evaluation.summary import summarize_episodes
 
-    ev = aggregate_episodes(rollout.play(eval_questions, params.rollout, greedy=True).info, "eval")
+    ev = summarize_episodes(rollout.play(eval_questions, params.rollout, greedy=True).info, "eval")
     return {"eval/em": ev["em"], "eval/f1": ev["f1"], "eval/answer_rate": ev["answer_rate"],
             "eval/tool_calls": ev["mean_tool_calls"]}
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from agent_r1.accelerator import device
-from agent_r1.algorithms.losses import aggregate
+from agent_r1.algorithms.losses import aggregate_loss
 from agent_r1.config import Params
 from agent_r1.rollout.trajectory import TrajectoryBatch
 from agent_r1.training.checkpoint import export_hf
@@ -96,7 +96,7 @@ def train_sft(
             for local in micro_batches(tensors["attention_mask"][mb_rows].sum(-1).tolist(), params.train.micro_batch_tokens):
                 t = select_rows(tensors, [mb_rows[i] for i in local])
                 lp, _ = engine(t["input_ids"], t["attention_mask"], score_mask=t["mask"])
-                loss = -aggregate(lp, t["mask"], "token-mean", denominator=denom)
+                loss = -aggregate_loss(lp, t["mask"], "token-mean", denominator=denom)
                 engine.backward(loss)
                 step_loss += loss.item()
                 tokens += int(t["attention_mask"].sum())

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from agent_r1.algorithms import kl, policy_loss, value_loss
-from agent_r1.algorithms.losses import aggregate
+from agent_r1.algorithms.losses import aggregate_loss
 from agent_r1.training.batching import global_denominator, minibatches, padding_share, select_rows
 from agent_r1.training.logprobs import batched_token_logprobs, batched_values, token_logprobs
 from agent_r1.training.samples import EstimatorSettings, Samples
@@ -208,11 +208,11 @@ def actor_loss(
     m["pg_loss"] = float(pg.detach()) / max(share, 1e-8) if token_mean else float(pg.detach())
     m["rollout_mismatch"] = rollout_mismatch(old, t["rollout"], t["actions"])
     if "ref" in t:
-        kl_term = aggregate(kl(lp, t["ref"], cfg.kl_kind), t["mask"], "token-mean", denominator=denom)
+        kl_term = aggregate_loss(kl(lp, t["ref"], cfg.kl_kind), t["mask"], "token-mean", denominator=denom)
         loss = loss + cfg.kl_coef * kl_term
         m["kl"] = float(kl_term.detach()) / max(share, 1e-8)
     if entropy:
-        ent_term = aggregate(ent, t["mask"], "token-mean", denominator=denom)
+        ent_term = aggregate_loss(ent, t["mask"], "token-mean", denominator=denom)
         loss = loss - cfg.entropy_coef * ent_term
         m["entropy"] = float(ent_term.detach()) / max(share, 1e-8)
     if not token_mean:  # sequence-level aggregations: weight micro-batches by their rows

@@ -36,12 +36,12 @@ def _group(rows: list[Mapping[str, Any]]) -> dict[str, float | int]:
     }
 
 
-def aggregate(episodes: Iterable[Mapping[str, Any]], method: str) -> dict[str, Any]:
+def summarize_episodes(episodes: Iterable[Mapping[str, Any]], method: str) -> dict[str, Any]:
     """Summarise episodes (dicts with em, f1, source, type, and optionally
     answered, turns, tool_calls, invalid_calls) into the metrics JSON."""
     rows = list(episodes)
     if not rows:
-        raise ValueError(f"no episodes to aggregate for {method!r}")
+        raise ValueError(f"no episodes to summarize for {method!r}")
     out: dict[str, Any] = {"method": method, **_group(rows)}
     for key in ("source", "type"):
         groups: dict[str, list] = defaultdict(list)

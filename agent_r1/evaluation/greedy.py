@@ -2,8 +2,8 @@
 
 *Base Tool Call* is :func:`play_policy` on the untrained model; any
 checkpoint (a transformers folder) is evaluated the same way. Both return one
-row per question; :func:`agent_r1.evaluation.aggregate.aggregate` summarises
-them and :func:`~agent_r1.evaluation.aggregate.write_outcomes` keeps them.
+row per question; :func:`agent_r1.evaluation.summary.summarize_episodes` summarises
+them and :func:`~agent_r1.evaluation.summary.write_outcomes` keeps them.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ slot as soon as an episode ends. Both run here in one process, on the same
 questions, engine and env, alternating (A B A B) so that a drift in machine
 load falls on both:
 
-    python bench/evaluate.py [--model models/sft --questions 96 --repeats 2]
+    python bench/eval_batching.py [--model models/sft --questions 96 --repeats 2]
 
 Prints seconds and episodes/s per way, the ratio, and whether every question
 got the same answer both ways; writes bench/results/evaluate.json with the
@@ -54,7 +54,7 @@ def setup(args: argparse.Namespace) -> tuple[Any, Any, list[dict], Any]:
 
     from agent_r1.config import load_params
     from agent_r1.env import make_env
-    from agent_r1.evaluation.evaluate import select_questions
+    from agent_r1.evaluation.greedy import select_questions
     from agent_r1.retrieval import load_index
     from agent_r1.rollout import make_rollout_engine
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent_r1.config import EncoderConfig, ModelConfig
-from agent_r1.models import (
+from agent_r1.pretrained import (
     ModelFetchError,
     _extract_folder,
     _extract_member,
