@@ -9,6 +9,17 @@ builds the env with the calculator and scores answers with the numeric reward::
 
 Each problem takes two operations on two- and three-digit numbers: hard to do in
 the head for a small model, one ``calculate`` call for an agent that uses its tool.
+
+The calculator also shows a tool's own settings (:class:`CalculatorOptions`), written
+under the name the agent calls it by::
+
+    env:
+      tool_options:
+        calculate: {digits: 2, call_reward: 0.01}
+
+``digits`` rounds what the agent reads; ``call_reward`` is the tool's own process
+reward per calculation that ran (the env adds it to the turn's, under the same
+``env.reward.process`` cap and ``only_if_answered`` as every process reward).
 """
 
 from __future__ import annotations
@@ -18,7 +29,7 @@ import math
 import operator
 import random
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
@@ -26,6 +37,10 @@ from agent_r1.config import DataConfig, PluginOptions, RewardConfig
 from agent_r1.data.schema import corpus_frame, questions_frame
 from agent_r1.data.sources import DataSource
 from agent_r1.env.tools import Tool, ToolExample
+
+if TYPE_CHECKING:
+    from agent_r1.config import ProcessRewardConfig
+    from agent_r1.env import Episode
 
 SOURCE = "arithmetic"
 _OPERATORS: dict[type, Callable[[float, float], float]] = {
@@ -35,6 +50,8 @@ _OPERATORS: dict[type, Callable[[float, float], float]] = {
     ast.Div: operator.truediv,
 }
 MAX_EXPRESSION_CHARS = 200
+# Decimals a non-integer value is written with: the problems' gold answers and the tool's default.
+DIGITS = 6
 
 
 # ------------------------------------------------------------------ the tool
@@ -64,15 +81,27 @@ def _value(node: ast.AST) -> float:
     raise ValueError(f"only numbers, + - * / and parentheses are allowed, not {ast.unparse(node)!r}")
 
 
-def format_number(value: float) -> str:
-    """``730.0`` -> ``"730"``; other values to at most 6 decimals, trailing zeros dropped."""
+def format_number(value: float, digits: int = DIGITS) -> str:
+    """``730.0`` -> ``"730"``; other values to at most ``digits`` decimals, trailing zeros dropped
+    (``2/3`` -> ``"0.666667"``, to 2 digits ``"0.67"``, to 0 digits ``"1"``)."""
     if value == int(value) and abs(value) < 1e15:
         return str(int(value))
-    return f"{value:.6f}".rstrip("0").rstrip(".")
+    text = f"{value:.{digits}f}"
+    # Only a fraction's zeros are trailing: with 0 digits, 9.6 is "10", not "1".
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+class CalculatorOptions(PluginOptions):
+    """``env.tool_options.calculate``: the settings of :class:`Calculator`."""
+
+    digits: int = Field(DIGITS, ge=0, le=12, description="decimals a result is rounded to (trailing zeros dropped)")
+    call_reward: float = Field(
+        0.0, ge=-1.0, le=1.0, description="process reward per calculation that ran (0: the tool claims none)"
+    )
 
 
 class Calculator(Tool):
-    """``{"expression": "37*24-158"}`` -> ``"730"``."""
+    """``{"expression": "37*24-158"}`` -> ``"730"``, to ``digits`` decimals (:class:`CalculatorOptions`)."""
 
     name = "calculate"
     description = "Evaluate an arithmetic expression (numbers, + - * / and parentheses). Returns its value."
@@ -86,6 +115,10 @@ class Calculator(Tool):
         calls=(({"expression": "23*18-9"}, "405"),),
         answer="405",
     )
+    Options = CalculatorOptions
+
+    def __init__(self, options: CalculatorOptions | None = None) -> None:
+        self.options = options if options is not None else CalculatorOptions()
 
     def validate(self, args: Any) -> str | None:
         problem = super().validate(args)
@@ -100,7 +133,12 @@ class Calculator(Tool):
         return None
 
     def execute(self, args: dict[str, Any]) -> str:
-        return format_number(evaluate_expression(args["expression"]))
+        return format_number(evaluate_expression(args["expression"]), self.options.digits)
+
+    def process_reward(self, results: list[Any], episode: Episode, cfg: ProcessRewardConfig) -> float:
+        """``call_reward`` per calculation of the turn that ran."""
+        del episode, cfg
+        return len(results) * self.options.call_reward
 
 
 # ---------------------------------------------------------------- the reward

@@ -7,7 +7,7 @@ this folder changes (it is their dep: ``plugins.code``). Settings of a plugin's 
 are declared as its ``Options`` and written under ``env.tool_options.<tool name>``,
 ``env.reward.options``, ``data.options`` or ``algorithm.options``.
 
-Two small ones show the options: :mod:`plugins.calculator` (a tool with ``digits``,
-and a process reward of its own) and :mod:`plugins.rewards` (an EM/F1 reward with a
-``weight``). ``examples/`` shows a whole task built this way.
+:mod:`plugins.rewards` (an EM/F1 reward with a ``weight``) is a small one with options;
+``examples/`` shows a whole task built this way, its calculator tool with options
+(``digits``) and a process reward of its own.
 """

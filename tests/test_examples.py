@@ -33,6 +33,14 @@ def test_calculator_evaluates_arithmetic(expression: str, value: float) -> None:
 
 
 @pytest.mark.parametrize(
+    ("value", "digits", "text"),
+    [(730.0, 2, "730"), (2 / 3, 6, "0.666667"), (2 / 3, 2, "0.67"), (0.5, 3, "0.5"), (9.6, 0, "10")],
+)
+def test_format_number_rounds_to_digits_and_drops_trailing_zeros(value: float, digits: int, text: str) -> None:
+    assert format_number(value, digits) == text
+
+
+@pytest.mark.parametrize(
     ("expression", "why"),
     [("__import__('os').system('true')", "only numbers"), ("2 ** 10", "only numbers"), ("x + 1", "only numbers"),
      ("1/0", "division by zero"), ("3 +", "not an arithmetic expression"), ("True + 1", "only numbers")],

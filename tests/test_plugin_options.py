@@ -2,8 +2,9 @@
 ``algorithm.options`` (and ``data.options``, tests/test_data_sources.py), validated by the plugin's ``Options``
 before any work; and the process reward a tool claims for its own results.
 
-The tool and reward are the shipped ``plugins/`` ones; estimator plugins are real modules written to a
-temporary folder on ``sys.path`` (as the project root is when a stage runs).
+The tool is the example task's calculator (``examples/arithmetic.py``), the reward the shipped
+``plugins/rewards.py``; estimator plugins are real modules written to a temporary folder on ``sys.path``
+(as the project root is when a stage runs).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import yaml
 from agent_r1.config import ParamsError, load_params, parse_params
 
 ROOT = Path(__file__).resolve().parents[1]
-CALCULATOR, EM_F1 = "plugins.calculator:Calculator", "plugins.rewards:em_f1_reward"
+CALCULATOR, EM_F1 = "examples.arithmetic:Calculator", "plugins.rewards:em_f1_reward"
 RECORD = {"id": "q", "question": "Which city?", "answers": ["New York"], "supporting_titles": ["New York"]}
 
 
@@ -37,7 +38,7 @@ def _env_params(digits: int | None = None, call_reward: float | None = None, wei
     """params.yaml's env group: the calculator and the EM/F1 reward, with the options given (others: defaults)."""
     tool = {k: v for k, v in {"digits": digits, "call_reward": call_reward}.items() if v is not None}
     reward: dict[str, Any] = {"scheme": EM_F1} | ({"options": {"weight": weight}} if weight is not None else {})
-    return {"env": {"tools": [CALCULATOR], "tool_options": {"calculator": tool} if tool else {}, "reward": reward}}
+    return {"env": {"tools": [CALCULATOR], "tool_options": {"calculate": tool} if tool else {}, "reward": reward}}
 
 
 def _play(params_path: Path, turns: list[str]) -> Any:
@@ -52,22 +53,22 @@ def _play(params_path: Path, turns: list[str]) -> Any:
 
 
 # ------------------------------------------------------------- from params.yaml alone
-@pytest.mark.parametrize("digits, shown", [(None, "0.6667"), (2, "0.67"), (0, "1")])
+@pytest.mark.parametrize("digits, shown", [(None, "0.666667"), (2, "0.67"), (0, "1")])
 def test_a_tool_option_in_params_yaml_changes_what_the_tool_returns(tmp_path: Path, digits: int | None, shown: str) -> None:
-    ep = _play(_params_file(tmp_path, _env_params(digits=digits)), ["<calculator>2 / 3</calculator>"])
+    ep = _play(_params_file(tmp_path, _env_params(digits=digits)), ["<calculate>2 / 3</calculate>"])
     assert ep.messages[-1]["content"] == f"<information>{shown}</information>"
 
 
 def test_a_tool_claims_its_own_process_reward_from_its_option(tmp_path: Path) -> None:
     """call_reward is the calculator's process reward per calculation: added to the turn's, capped with it."""
     paid = _play(_params_file(tmp_path, _env_params(call_reward=0.04)),
-                 ["<calculator>2 * 3</calculator>", "<calculator>1 + 1</calculator>", "<answer>New York</answer>"])
+                 ["<calculate>2 * 3</calculate>", "<calculate>1 + 1</calculate>", "<answer>New York</answer>"])
     assert paid.turn_rewards == [0.04, 0.04, 0.0]
     assert paid.final_turn_rewards == pytest.approx([0.04, 0.04, 0.0])
     capped = _play(_params_file(tmp_path, _env_params(call_reward=0.08)),
-                   ["<calculator>2 * 3</calculator>", "<calculator>1 + 1</calculator>", "<answer>New York</answer>"])
+                   ["<calculate>2 * 3</calculate>", "<calculate>1 + 1</calculate>", "<answer>New York</answer>"])
     assert capped.final_turn_rewards == pytest.approx([0.05, 0.05, 0.0])  # env.reward.process.cap 0.1, scaled
-    free = _play(_params_file(tmp_path, _env_params()), ["<calculator>2 * 3</calculator>", "<answer>New York</answer>"])
+    free = _play(_params_file(tmp_path, _env_params()), ["<calculate>2 * 3</calculate>", "<answer>New York</answer>"])
     assert free.turn_rewards == [0.0, 0.0]  # default call_reward 0: the tool claims nothing
 
 
@@ -121,13 +122,13 @@ def test_hits_from_another_tool_earn_no_support_reward_unless_it_claims_one(tmp_
 @pytest.mark.parametrize(
     "env, message",
     [
-        (_env_params(digits=-1)["env"], "env.tool_options.calculator.digits: must be >= 0, got -1"),
-        ({**_env_params()["env"], "tool_options": {"calculator": {"digits": "two"}}},
-         "env.tool_options.calculator.digits: Input should be a valid integer"),
-        ({**_env_params()["env"], "tool_options": {"calculator": {"decimals": 2}}},
-         "env.tool_options.calculator.decimals: unknown key"),
-        ({**_env_params()["env"], "tool_options": {"calc": {"digits": 2}}},
-         "env.tool_options.calc: no tool of env.tools is called 'calc'; they are ['calculator']"),
+        (_env_params(digits=-1)["env"], "env.tool_options.calculate.digits: must be >= 0, got -1"),
+        ({**_env_params()["env"], "tool_options": {"calculate": {"digits": "two"}}},
+         "env.tool_options.calculate.digits: Input should be a valid integer"),
+        ({**_env_params()["env"], "tool_options": {"calculate": {"decimals": 2}}},
+         "env.tool_options.calculate.decimals: unknown key"),
+        ({**_env_params()["env"], "tool_options": {"calculator": {"digits": 2}}},
+         "env.tool_options.calculator: no tool of env.tools is called 'calculator'; they are ['calculate']"),
         ({"tool_options": {"search": {"top_k": 2}}}, "env.tool_options.search: tool 'search' takes no options"),
         (_env_params(weight=1.5)["env"], "env.reward.options.weight: must be <= 1.0, got 1.5"),
         ({"reward": {"scheme": "paper", "options": {"weight": 0.5}}},
@@ -147,13 +148,16 @@ def test_params_check_names_a_bad_option(tmp_path: Path, capsys: pytest.CaptureF
 
     path = _params_file(tmp_path, _env_params(digits=99))
     assert main(["params", "check", str(path)]) == 2
-    assert "env.tool_options.calculator.digits: must be <= 12, got 99" in capsys.readouterr().err
-    assert main(["params", "check", str(_params_file(tmp_path, _env_params(digits=2, weight=0.25)))]) == 0
+    assert "env.tool_options.calculate.digits: must be <= 12, got 99" in capsys.readouterr().err
+    # The tool lives in examples/ and the reward in plugins/: plugins.code is the folder holding both.
+    good = {**_env_params(digits=2, weight=0.25), "plugins": {"code": "."}}
+    assert main(["params", "check", str(_params_file(tmp_path, good))]) == 0
 
 
 def test_a_stage_refuses_a_bad_option_before_any_work(tmp_path: Path) -> None:
     """The train stage exits 2 naming the key, before a model or the data is read (neither exists here)."""
-    shutil.copytree(ROOT / "plugins", tmp_path / "plugins", ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in ("examples", "plugins"):  # the tool's and the reward's
+        shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
     _params_file(tmp_path, {**_env_params(), "algorithm": {"options": {"clip": 0.1}}})
     env = {"PYTHONPATH": str(ROOT), "PATH": os.environ["PATH"], "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, "-m", "agent_r1.stages.train", "--experiment", "grpo"],
@@ -161,7 +165,7 @@ def test_a_stage_refuses_a_bad_option_before_any_work(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stderr
     assert "algorithm.options: advantage estimator 'grpo' takes no options" in proc.stderr
     assert "Traceback" not in proc.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml", "plugins"]  # nothing written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["examples", "params.yaml", "plugins"]  # nothing written
 
 
 # ------------------------------------------------------------------ estimator options
