@@ -580,6 +580,14 @@ class TrainConfig(_Strict):
     pack: bool = Field(
         True, description="actor updates on packed micro-batches (rows concatenated, attention per row): no padding"
     )
+    share_prefix: bool = Field(
+        True, description="packed micro-batches compute the prefix their rows share (the system prompt, a group's "
+        "question, a step's context inside the next step) once, forward and backward; needs pack: true"
+    )
+    skip_zero_signal: bool = Field(
+        True, description="leave out of the actor update the samples whose loss has exactly no gradient (advantage 0 "
+        "on every token, no KL, no entropy bonus): a GRPO/RLOO group whose samples got one return"
+    )
     actor_lr: float = Field(1e-5, gt=0.0)
     critic_lr: float = Field(1e-5, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
@@ -605,6 +613,13 @@ class TrainConfig(_Strict):
     eval_every: int = Field(5, ge=1, description="greedy eval on the validation split every N steps (eval/* metrics)")
     eval_questions: int = Field(40, ge=1, description="validation questions for the in-training eval")
     seed: Seed = 0
+
+    @model_validator(mode="after")
+    def _share_needs_pack(self) -> "TrainConfig":
+        if self.share_prefix and not self.pack:
+            raise ValueError("train.share_prefix: shares prefixes inside packed micro-batches, but train.pack is "
+                             "false: set pack: true, or share_prefix: false")
+        return self
 
     @model_validator(mode="after")
     def _launch_keys(self) -> "TrainConfig":

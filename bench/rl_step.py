@@ -51,7 +51,10 @@ from pathlib import Path
 import yaml
 from agent_r1.config import experiment_params, parse_params
 from agent_r1.data.schema import read_questions
-from agent_r1.training.trainer import train_rl
+try:
+    from agent_r1.training.loop import train_rl
+except ImportError:  # trees before the training core's split
+    from agent_r1.training.trainer import train_rl
 
 tree, root, out, sets = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), json.loads(sys.argv[4])
 eval_n = json.loads(sys.argv[5])
@@ -138,6 +141,10 @@ def run_side(label: str, spec: str, common: dict[str, str], scratch: Path, eval_
         summary[f"{part}_s"] = mean(f"time/{part}_s")
         summary[f"{part}_share"] = summary[f"{part}_s"] / summary["step_s"]
     summary["tokens_per_s"] = summary["tokens"] / summary["step_s"]
+    # what the update did not compute: tokens shared within packed micro-batches, samples without a gradient
+    summary["shared_token_share"] = mean("train/shared_token_share")
+    summary["skipped_samples"] = mean("train/skipped_samples")
+    summary["skipped_tokens"] = mean("train/skipped_tokens")
     summary["peak_rss_gib"] = result["peak_rss_gib"]
     if result.get("held_out"):
         summary |= held_out_summary(result["held_out"])
@@ -167,12 +174,13 @@ def paired(first: list[dict], other: list[dict]) -> dict[str, float]:
 def table(sides: dict[str, dict]) -> str:
     first = next(iter(sides.values()))
     head = (f"{'side':<12}{'step s':>9}{'rollout s':>11}{'update s':>10}{'tokens/s':>10}{'trained tok':>12}"
-            f"{'samples':>9}{'RSS GiB':>9}{'speedup':>9}")
+            f"{'samples':>9}{'shared':>8}{'skipped':>8}{'RSS GiB':>9}{'speedup':>9}")
     lines = [head]
     for label, side in sides.items():
         s = side["summary"]
         line = (f"{label:<12}{s['step_s']:>9.1f}{s['rollout_s']:>11.1f}{s['update_s']:>10.1f}{s['tokens_per_s']:>10.0f}"
-                f"{s['trained_tokens']:>12.0f}{s['samples']:>9.0f}{s['peak_rss_gib']:>9.2f}"
+                f"{s['trained_tokens']:>12.0f}{s['samples']:>9.0f}{s.get('shared_token_share', 0):>8.0%}"
+                f"{s.get('skipped_tokens', 0):>8.0%}{s['peak_rss_gib']:>9.2f}"
                 f"{first['summary']['step_s'] / s['step_s']:>8.2f}x")
         if "em" in s:
             d = paired(first["held_out"], side["held_out"])

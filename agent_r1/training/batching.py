@@ -15,6 +15,8 @@ from collections.abc import Iterator
 
 import torch
 
+from agent_r1.training.packing import distinct_tokens, shared_micro_batches
+
 
 def micro_batches(lengths: list[int], token_budget: int, packed: bool = False) -> list[list[int]]:
     """Group row indices so that each group's computed tokens fit ``token_budget``.
@@ -63,6 +65,15 @@ def padding_share(lengths: list[int], groups: list[list[int]], packed: bool) -> 
     return (computed_positions(lengths, groups, packed) - real) / max(real, 1)
 
 
+def shared_token_share(lengths: list[int], groups: list[list[int]], tokens: list[list[int]] | None) -> float:
+    """The share of the real tokens of ``groups`` that prefix sharing did not compute (0 without ``tokens``)."""
+    groups = [g for g in groups if g]
+    real = sum(lengths[i] for g in groups for i in g)
+    if tokens is None or not real:
+        return 0.0
+    return 1 - distinct_tokens(tokens, groups) / real
+
+
 def max_over_ranks(n: int) -> int:
     """The largest ``n`` over all ranks (``n`` itself without a process group)."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
@@ -105,23 +116,37 @@ def select_rows(tensors: dict[str, torch.Tensor], rows: list[int], mask_key: str
 
 
 def minibatches(
-    lengths: list[int], *, epochs: int, rows: int, token_budget: int, seed: int, packed: bool = False
+    lengths: list[int], *, epochs: int, rows: int, token_budget: int, seed: int, packed: bool = False,
+    live: list[int] | None = None, tokens: list[list[int]] | None = None,
 ) -> Iterator[tuple[list[int], list[list[int]]]]:
     """``epochs`` shuffled passes over the samples: (a mini-batch's rows, its token-budget micro-batches).
 
     ``rows`` samples make a mini-batch (one optimizer step). ``packed``:
     micro-batches whose rows' total length fits the budget (they run as one
-    packed row); else whose padded size does. Micro-batch lists are padded to
-    the same length on every rank (:func:`equalize_micro_batches`).
+    packed row); else whose padded size does. ``live`` (default: every
+    sample): only these are put in micro-batches, the mini-batches are cut as
+    if all were (the same optimizer steps, the same normalisers); a mini-batch
+    without one gets a placeholder pass (``[]``) so its optimizer step still
+    runs. ``tokens`` (packed only): the samples' tokens; micro-batches are then
+    cut in prefix order on the tokens a shared layout computes
+    (:func:`~agent_r1.training.packing.shared_micro_batches`). Micro-batch
+    lists are padded to the same length on every rank
+    (:func:`equalize_micro_batches`).
     """
     order = list(range(len(lengths)))
+    forwarded = set(order if live is None else live)
     rng = random.Random(seed)
     for _ in range(epochs):
         rng.shuffle(order)
         for start in range(0, len(order), rows):
             chosen = order[start : start + rows]
-            local = micro_batches([lengths[i] for i in chosen], token_budget, packed)
-            yield chosen, [[chosen[i] for i in group] for group in equalize_micro_batches(local)]
+            kept = [i for i in chosen if i in forwarded]
+            if tokens is not None and packed:
+                local = shared_micro_batches([tokens[i] for i in kept], token_budget)
+            else:
+                local = micro_batches([lengths[i] for i in kept], token_budget, packed)
+            local = local or [[]]
+            yield chosen, [[kept[i] for i in group] for group in equalize_micro_batches(local)]
 
 
 def global_denominator(local_count: float, world: int) -> float:

@@ -26,6 +26,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from agent_r1.accelerator import select_accelerator
 from agent_r1.training.batching import equalize_micro_batches, max_over_ranks, micro_batches, select_rows  # noqa: E402
+from agent_r1.training.packing import PackedLayout, plain_layout, shared_layout, shared_micro_batches
 
 PACKED_ATTENTION = "agent_r1_packed"
 
@@ -34,22 +35,28 @@ def _packed_attention(
     module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     attention_mask: torch.Tensor | None, **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """SDPA per packed row when ``packed_bounds`` (row start offsets, then the total) is given; plain SDPA otherwise.
+    """SDPA per node of ``packed_layout`` (a :class:`~agent_r1.training.packing.PackedLayout`) when given;
+    plain SDPA otherwise. A root node attends causally to itself; a shared prefix's child attends to
+    the nodes on its path, then causally to itself.
 
-    Why per row: one causal SDPA with a block-diagonal mask over a packed row
-    of T tokens costs T^2 attention, about as much as the rest of a 135M model
-    at T = 4096; per row it is the sum of the rows' own squares, as unpacked.
+    Why per node: one causal SDPA with a block mask over a packed row of T
+    tokens costs T^2 attention, about as much as the rest of a 135M model at
+    T = 4096; per node it is what each row would cost alone.
     """
-    bounds = kwargs.pop("packed_bounds", None)
-    if bounds is None:
+    layout = kwargs.pop("packed_layout", None)
+    if layout is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    kwargs["is_causal"] = True
-    sizes = [e - s for s, e in zip(bounds[:-1], bounds[1:])]
-    # split, not slices: a slice's backward zero-fills the whole tensor once per row
-    outs = [
-        sdpa_attention_forward(module, q, k, v, None, **kwargs)[0]
-        for q, k, v in zip(query.split(sizes, dim=2), key.split(sizes, dim=2), value.split(sizes, dim=2))
-    ]
+    # split, not slices: a slice's backward zero-fills the whole tensor once per node
+    qs, ks, vs = (t.split(layout.sizes, dim=2) for t in (query, key, value))
+    outs = []
+    for node, q in enumerate(qs):
+        mask = layout.attention_mask(node, q.device)
+        if mask is None:
+            outs.append(sdpa_attention_forward(module, q, ks[node], vs[node], None, is_causal=True, **kwargs)[0])
+            continue
+        path = layout.path(node)
+        k, v = torch.cat([ks[n] for n in path], dim=2), torch.cat([vs[n] for n in path], dim=2)
+        outs.append(sdpa_attention_forward(module, q, k, v, mask, is_causal=False, **kwargs)[0])
     return torch.cat(outs, dim=1), None  # [1, T, heads, head_dim]
 
 
@@ -58,7 +65,7 @@ AttentionMaskInterface.register(PACKED_ATTENTION, sdpa_mask)  # unpacked calls g
 
 
 def use_packed_attention(lm: nn.Module) -> None:
-    """Let ``lm`` run packed micro-batches; without ``packed_bounds`` its attention is SDPA as before."""
+    """Let ``lm`` run packed micro-batches; without a ``packed_layout`` its attention is SDPA as before."""
     if lm.config._attn_implementation not in ("sdpa", PACKED_ATTENTION):
         raise ValueError(f"packed updates need SDPA attention, the model uses {lm.config._attn_implementation!r}")
     lm.config._attn_implementation = PACKED_ATTENTION
@@ -122,7 +129,7 @@ class LogprobModel(nn.Module):
         return_entropy: bool = False,
         chunk_tokens: int = 1024,
         score_mask: torch.Tensor | None = None,
-        packed_lengths: list[int] | None = None,
+        layout: PackedLayout | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(logprobs, entropy)``, both ``[B, T]`` float32 (entropy zeros unless asked for).
 
@@ -130,23 +137,32 @@ class LogprobModel(nn.Module):
         (0 elsewhere). Why: the LM head over 49k classes is ~20% of a 135M
         model's FLOPs per token, and a loss that reads only the agent's tokens
         (a small share of a trajectory) need not pay for it on the tool observations.
-        ``packed_lengths``: ``input_ids`` is one row holding sequences of these
-        lengths back to back (see :func:`token_logprobs`'s ``packed``).
+        ``layout``: ``input_ids`` is one packed row laid out by it (see
+        :func:`token_logprobs`'s ``packed``); each token is then predicted by
+        the hidden state the layout names (its row's previous token).
         """
         backbone, head = getattr(self, self._backbone_name), getattr(self, self._head_name)
-        extra = _packed_kwargs(packed_lengths, input_ids) if packed_lengths is not None else {}
+        extra = {}
+        if layout is not None:
+            if input_ids.shape != (1, layout.total):
+                raise ValueError(f"a packed layout of {layout.total} tokens, got input_ids {tuple(input_ids.shape)}")
+            extra = {"position_ids": layout.position_ids(input_ids.device), "packed_layout": layout}
         hidden = backbone(
             input_ids=input_ids, attention_mask=None if extra else attention_mask, use_cache=False, **extra
         ).last_hidden_state
         B, T = input_ids.shape
-        # position t-1 predicts token t; only real (non-padding) targets are scored
-        valid = attention_mask[:, 1:].bool() & attention_mask[:, :-1].bool()
-        if extra:  # the first token of a packed sequence is not predicted by the one before it
-            valid = valid & (extra["position_ids"][:, 1:] > 0)
+        if layout is None:  # position t-1 predicts token t; only real (non-padding) targets are scored
+            predictor = torch.arange(-1, T - 1, device=input_ids.device)
+            valid = torch.zeros_like(attention_mask, dtype=torch.bool)
+            valid[:, 1:] = attention_mask[:, 1:].bool() & attention_mask[:, :-1].bool()
+        else:
+            predictor = layout.predictors().to(input_ids.device)
+            valid = (predictor >= 0)[None]
         if score_mask is not None:
-            valid = valid & score_mask[:, 1:].bool()
-        flat_hidden = hidden[:, :-1][valid]
-        flat_targets = input_ids[:, 1:][valid]
+            valid = valid & score_mask.bool()
+        rows, cols = valid.nonzero(as_tuple=True)
+        flat_hidden = hidden[rows, predictor[cols]]
+        flat_targets = input_ids[rows, cols]
         pieces_lp, pieces_ent = [], []
         n_chunks = -(-flat_targets.shape[0] // chunk_tokens)
         if hasattr(head.weight, "ds_id"):  # ZeRO-3: each head call gathers its weight, a collective
@@ -159,40 +175,36 @@ class LogprobModel(nn.Module):
                 lp, ent = _chunk_logprobs(head, h, y, temperature, return_entropy)
             pieces_lp.append(lp)
             pieces_ent.append(ent)
-        scored = torch.zeros((B, T), dtype=torch.bool, device=valid.device)
-        scored[:, 1:] = valid
         logprobs = hidden.new_zeros((B, T), dtype=torch.float32)
         entropy = hidden.new_zeros((B, T), dtype=torch.float32)
         if pieces_lp:
-            logprobs = logprobs.masked_scatter(scored, torch.cat(pieces_lp))
-            entropy = entropy.masked_scatter(scored, torch.cat(pieces_ent))
+            logprobs = logprobs.masked_scatter(valid, torch.cat(pieces_lp))
+            entropy = entropy.masked_scatter(valid, torch.cat(pieces_ent))
         return logprobs, entropy
-
-
-def _packed_kwargs(lengths: list[int], input_ids: torch.Tensor) -> dict:
-    """The backbone's extra arguments for a packed row: positions restarting per sequence, row bounds."""
-    if input_ids.shape[0] != 1 or sum(lengths) != input_ids.shape[1] or min(lengths, default=1) < 1:
-        raise ValueError(f"packed_lengths {lengths} do not tile a [1, {input_ids.shape[1]}] row")
-    position_ids = torch.cat([torch.arange(n, device=input_ids.device) for n in lengths])[None]
-    bounds = [0]
-    for n in lengths:
-        bounds.append(bounds[-1] + n)
-    return {"position_ids": position_ids, "packed_bounds": bounds}
 
 
 def _packed_forward(
     model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float,
-    return_entropy: bool, chunk_tokens: int, score_mask: torch.Tensor | None,
+    return_entropy: bool, chunk_tokens: int, score_mask: torch.Tensor | None, share_prefix: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``model``'s (a :class:`LogprobModel` or its engine) ``(logprobs, entropy)`` of right-padded rows
-    computed as one packed row of their real tokens, back ``[B, T]`` with 0 on padding."""
+    computed as one packed row of their real tokens (their shared prefixes once when ``share_prefix``),
+    back ``[B, T]`` with 0 on padding and outside ``score_mask``."""
     keep = attention_mask.bool()
     lengths = keep.sum(-1).tolist()
-    ids = input_ids[keep][None]
-    score = score_mask[keep][None] if score_mask is not None else None
-    lp, ent = model(ids, torch.ones_like(ids), temperature, return_entropy, chunk_tokens, score,
-                    [n for n in lengths if n])
-    return lp.new_zeros(keep.shape).masked_scatter(keep, lp[0]), ent.new_zeros(keep.shape).masked_scatter(keep, ent[0])
+    real = [r for r, n in enumerate(lengths) if n]
+    tokens = [input_ids[r, : lengths[r]].tolist() for r in real]
+    layout = shared_layout(tokens) if share_prefix else plain_layout([lengths[r] for r in real])
+    index = torch.cat(layout.row_index([lengths[r] for r in real])).to(input_ids.device)
+    ids = input_ids.new_zeros(layout.total).index_copy_(0, index, input_ids[keep])[None]
+    score = None
+    if score_mask is not None:  # a shared token is scored if any of its rows scores it
+        score = (torch.zeros(layout.total, device=ids.device).index_add_(0, index, score_mask[keep].float()) > 0)[None]
+    lp, ent = model(ids, torch.ones_like(ids), temperature, return_entropy, chunk_tokens, score, layout)
+    lp, ent = (x.new_zeros(keep.shape).masked_scatter(keep, x[0, index]) for x in (lp, ent))
+    if share_prefix and score_mask is not None:  # each row keeps only what it scores
+        lp, ent = (torch.where(score_mask.bool(), x, 0.0) for x in (lp, ent))
+    return lp, ent
 
 
 def token_logprobs(
@@ -205,6 +217,7 @@ def token_logprobs(
     chunk_tokens: int = 1024,
     score_mask: torch.Tensor | None = None,
     packed: bool = False,
+    share_prefix: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``logprobs[:, t] = log p(input_ids[:, t] | tokens < t)``, ``[B, T]`` float32.
 
@@ -217,13 +230,17 @@ def token_logprobs(
     ``packed``: the real tokens of every row are concatenated and computed as
     one row (no padding computed); the results equal the padded computation's
     up to float rounding. ``model`` must then use :func:`use_packed_attention`
-    (an engine's module, or a causal LM).
+    (an engine's module, or a causal LM). ``share_prefix`` (packed only): the
+    rows' shared prefixes are computed once (:mod:`agent_r1.training.packing`),
+    with the same results up to float rounding.
     """
     if not isinstance(inner_module(model), LogprobModel):
         model = LogprobModel(model)
     args = (temperature, return_entropy, chunk_tokens, score_mask)
+    if share_prefix and not packed:
+        raise ValueError("share_prefix needs packed micro-batches")
     if packed:
-        logprobs, entropy = _packed_forward(model, input_ids, attention_mask, *args)
+        logprobs, entropy = _packed_forward(model, input_ids, attention_mask, *args, share_prefix)
     else:
         logprobs, entropy = model(input_ids, attention_mask, *args)
     return (logprobs, entropy) if return_entropy else logprobs
@@ -239,17 +256,20 @@ def batched_token_logprobs(
     temperature: float = 1.0,
     chunk_tokens: int = 1024,
     score_mask: torch.Tensor | None = None,
+    share_prefix: bool = False,
 ) -> torch.Tensor:
     """:func:`token_logprobs` over token-budget micro-batches, without gradients ([B, T]).
 
     For the old-policy and reference log-probabilities of a whole rollout batch
-    (``score_mask``: only the positions a loss will read).
+    (``score_mask``: only the positions a loss will read). ``share_prefix``:
+    packed micro-batches cut in prefix order, shared prefixes computed once,
+    and rows with nothing to score not computed at all.
     """
     out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
-    for rows, mb in _plan(model, input_ids, attention_mask, token_budget, score_mask=score_mask):
+    for rows, mb in _plan(model, input_ids, attention_mask, token_budget, share_prefix, score_mask=score_mask):
         lp = token_logprobs(
             model, mb["input_ids"], mb["attention_mask"], temperature=temperature, chunk_tokens=chunk_tokens,
-            score_mask=mb.get("score_mask"),
+            score_mask=mb.get("score_mask"), packed=share_prefix, share_prefix=share_prefix,
         )
         if rows:
             out[rows, : lp.shape[1]] = lp
@@ -262,7 +282,7 @@ def batched_values(
 ) -> torch.Tensor:
     """A value model's (or its engine's) ``[B, T]`` float32 values over token-budget micro-batches (0 on padding)."""
     out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
-    for rows, mb in _plan(value_model, input_ids, attention_mask, token_budget):
+    for rows, mb in _plan(value_model, input_ids, attention_mask, token_budget, False):
         values = value_model(mb["input_ids"], mb["attention_mask"])
         if rows:
             out[rows, : values.shape[1]] = values.float() * mb["attention_mask"]
@@ -271,12 +291,20 @@ def batched_values(
 
 def _plan(
     model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_budget: int,
-    **extra: torch.Tensor | None,
+    share_prefix: bool, **extra: torch.Tensor | None,
 ):
     """``(rows, micro_batch)`` pairs; under ZeRO-3 padded with placeholders (``rows == []``,
     a one-row batch whose output is dropped) so that every rank runs as many forwards.
-    ``extra`` ``[B, T]`` tensors (None ones are left out) are cut the same way."""
-    groups = micro_batches(attention_mask.sum(-1).tolist(), token_budget)
+    ``extra`` ``[B, T]`` tensors (None ones are left out) are cut the same way.
+    ``share_prefix``: the rows with something to score (``extra['score_mask']``), in prefix order."""
+    lengths = attention_mask.sum(-1).tolist()
+    if share_prefix:
+        score = extra.get("score_mask")
+        rows = [r for r in range(len(lengths)) if lengths[r] and (score is None or score[r].any())]
+        local = shared_micro_batches([input_ids[r, : lengths[r]].tolist() for r in rows], token_budget)
+        groups = [[rows[i] for i in g] for g in local]
+    else:
+        groups = micro_batches(lengths, token_budget)
     if partitioned(model):
         groups = equalize_micro_batches(groups)
     tensors = {"input_ids": input_ids, "attention_mask": attention_mask}

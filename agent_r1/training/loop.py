@@ -58,7 +58,8 @@ def update_settings(params: Params) -> UpdateSettings:
         temperature=params.rollout.temperature, clip_ratio=alg.clip_ratio, clip_ratio_high=alg.clip_ratio_high,
         dual_clip=alg.dual_clip, value_clip=alg.value_clip, kl_coef=alg.kl_coef, kl_kind=alg.kl_kind,
         entropy_coef=alg.entropy_coef, loss_agg=alg.loss_agg, ppo_epochs=cfg.ppo_epochs,
-        mini_batch_size=cfg.mini_batch_size, micro_batch_tokens=cfg.micro_batch_tokens, pack=cfg.pack, seed=cfg.seed,
+        mini_batch_size=cfg.mini_batch_size, micro_batch_tokens=cfg.micro_batch_tokens, pack=cfg.pack, share_prefix=cfg.share_prefix and cfg.pack,
+        skip_zero_signal=cfg.skip_zero_signal, seed=cfg.seed,
     )
 
 

@@ -232,6 +232,8 @@ def make_frozen(model: nn.Module, cfg: TrainConfig) -> deepspeed.DeepSpeedEngine
     _, world = init_distributed()
     model = _as_trainable_module(model)
     model.requires_grad_(False)
+    if cfg.pack and isinstance(model, LogprobModel):  # its scoring runs packed (update.score)
+        use_packed_attention(model.lm)
     select_accelerator()  # before deepspeed's first import: it picks its accelerator then
     import deepspeed
 

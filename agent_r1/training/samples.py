@@ -127,6 +127,10 @@ class Samples:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
+    def token_lists(self) -> list[list[int]]:
+        """Each sample's real tokens (what prefix sharing compares)."""
+        return [ids[: int(n)].tolist() for ids, n in zip(self.input_ids, self.attention_mask.sum(-1))]
+
     @property
     def critic_mask(self) -> torch.Tensor:
         """The positions the critic's value loss is on."""

@@ -26,7 +26,7 @@ import torch
 
 from agent_r1.algorithms import kl, policy_loss, value_loss
 from agent_r1.algorithms.losses import aggregate_loss
-from agent_r1.training.batching import global_denominator, minibatches, padding_share, select_rows
+from agent_r1.training.batching import global_denominator, minibatches, padding_share, select_rows, shared_token_share
 from agent_r1.training.logprobs import batched_token_logprobs, batched_values, token_logprobs
 from agent_r1.training.samples import EstimatorSettings, Samples
 
@@ -60,6 +60,8 @@ class UpdateSettings:
     mini_batch_size: int = 1  # episodes per optimizer step
     micro_batch_tokens: int = 1024  # the token budget of one forward/backward
     pack: bool = True  # actor micro-batches run packed (no padding computed)
+    share_prefix: bool = True  # packed micro-batches compute their rows' shared prefixes once
+    skip_zero_signal: bool = True  # samples whose loss terms are all exactly zero are not forwarded
     seed: int = 0  # the mini-batch shuffle's
 
 
@@ -87,50 +89,84 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     return float(1 - (r - v).var() / (r.var() + 1e-8))
 
 
-def score(models: Models, samples: Samples, cfg: UpdateSettings, on_policy: bool) -> Scores:
-    """Old and reference log-probs on the loss positions only (the loss reads nothing else), and the
-    critic's values (masked to the value positions where the representation has them)."""
+def critic_values(models: Models, samples: Samples, cfg: UpdateSettings) -> torch.Tensor | None:
+    """The critic's values before the update (masked to the value positions where the representation has them)."""
+    if models.critic is None:
+        return None
+    values = batched_values(models.critic, samples.input_ids, samples.attention_mask, cfg.micro_batch_tokens)
+    return values * samples.value_mask if samples.value_mask is not None else values
+
+
+def signal_rows(advantages: torch.Tensor, samples: Samples, cfg: UpdateSettings, models: Models) -> list[int]:
+    """The samples whose policy loss can have a gradient: all of them, unless the loss is made of the
+    policy-gradient term alone (no KL to a reference, no entropy bonus), in which case a sample whose
+    advantages are exactly 0 on every loss token is left out (a GRPO/RLOO group that got one return).
+
+    Why exact: its PPO term ``-A * ratio`` (clipped or not) is ``-0 * ratio``, whose gradient is
+    exactly 0, so leaving it out of the forward changes no gradient; the loss normaliser (the
+    mini-batch's token count, its row count) still counts it (:func:`optimize`).
+    """
+    rows = list(range(len(samples)))
+    if not cfg.skip_zero_signal or models.reference is not None or cfg.kl_coef > 0 or cfg.entropy_coef > 0:
+        return rows
+    nonzero = ((advantages != 0) & samples.loss_mask.bool()).any(-1)
+    return [i for i in rows if nonzero[i]]
+
+
+def score(models: Models, samples: Samples, cfg: UpdateSettings, on_policy: bool, rows: list[int]) -> Scores:
+    """Old (for ``rows`` only: no other sample is forwarded) and reference log-probs on the loss
+    positions only (the loss reads nothing else), without gradients."""
     ids, am, budget, mask = samples.input_ids, samples.attention_mask, cfg.micro_batch_tokens, samples.loss_mask
 
-    def logprobs(model: Any) -> torch.Tensor:
-        return batched_token_logprobs(model, ids, am, budget, temperature=cfg.temperature, score_mask=mask)
+    def logprobs(model: Any, score_mask: torch.Tensor) -> torch.Tensor:
+        return batched_token_logprobs(model, ids, am, budget, temperature=cfg.temperature, score_mask=score_mask,
+                                      share_prefix=cfg.share_prefix)
 
-    values = None
-    if models.critic is not None:
-        values = batched_values(models.critic, ids, am, budget)
-        if samples.value_mask is not None:
-            values = values * samples.value_mask
-    return Scores(
-        old=None if on_policy else logprobs(models.actor),
-        ref=logprobs(models.reference) if models.reference is not None else None,
-        values=values,
-    )
+    old = None
+    if not on_policy:
+        only_rows = torch.zeros_like(mask)
+        only_rows[rows] = mask[rows]
+        old = logprobs(models.actor, only_rows)
+    ref = logprobs(models.reference, mask) if models.reference is not None else None
+    return Scores(old=old, ref=ref, values=None)
 
 
 def rl_update(
     models: Models, samples: Samples, est: EstimatorSettings, cfg: UpdateSettings, world: int = 1
 ) -> dict[str, float]:
-    """One RL update from ``samples``: score, credit, actor and critic updates. Returns metrics.
+    """One RL update from ``samples``: values, credit, scoring, actor and critic updates. Returns metrics.
 
     The schedule keeps the number of optimizer steps whatever the representation:
     ``mini_batch_size`` episodes' worth of samples per step. One epoch of one
     mini-batch is exactly on-policy: the old log-probs are then the first forward's.
+    Samples without a gradient (:func:`signal_rows`) are neither scored nor forwarded.
     """
     rows = max(1, round(cfg.mini_batch_size * samples.rows_per_episode))
     on_policy = cfg.ppo_epochs == 1 and math.ceil(len(samples) / rows) == 1
     t0 = time.monotonic()
-    scores = score(models, samples, cfg, on_policy)
-    metrics = {"time/logprobs_s": time.monotonic() - t0}
-    advantages, returns = samples.credit.advantages(scores.values, est)
+    values = critic_values(models, samples, cfg)
+    advantages, returns = samples.credit.advantages(values, est)
+    live = signal_rows(advantages, samples, cfg, models)
+    scores = score(models, samples, cfg, on_policy, live)
+    scores.values = values
+    metrics = {"time/logprobs_s": time.monotonic() - t0, **skipped_shares(samples, live)}
     metrics["advantage_abs"] = masked_token_mean(advantages.abs(), samples.loss_mask)
     t0 = time.monotonic()
-    metrics |= update_actor(models.actor, samples, advantages, scores, cfg, rows, world)
+    metrics |= update_actor(models.actor, samples, advantages, scores, cfg, rows, world, live)
     if models.critic is not None:
         metrics |= update_critic(models.critic, samples, returns, scores.values, cfg, rows, world)
         metrics["explained_variance"] = explained_variance(scores.values, returns, samples.critic_mask)
     metrics |= {"time/update_s": time.monotonic() - t0, "samples": float(len(samples)),
                 "sample_tokens": float(samples.attention_mask.sum())}
     return metrics
+
+
+def skipped_shares(samples: Samples, live: list[int]) -> dict[str, float]:
+    """The shares of samples and of their tokens that the actor update left out (no gradient)."""
+    tokens = samples.attention_mask.sum(-1).float()
+    total = float(tokens.sum())
+    return {"skipped_samples": 1 - len(live) / max(len(samples), 1),
+            "skipped_tokens": 1 - float(tokens[live].sum()) / total if total else 0.0}
 
 
 # (micro-batch tensors, the mini-batch's token denominator, the micro-batch's share of it, its share
@@ -197,7 +233,7 @@ def actor_loss(
     token_mean = cfg.loss_agg == "token-mean"
     entropy = cfg.entropy_coef > 0
     out = token_logprobs(actor, t["input_ids"], t["attention_mask"], temperature=cfg.temperature,
-                         return_entropy=entropy, score_mask=t["mask"], packed=cfg.pack)
+                         return_entropy=entropy, score_mask=t["mask"], packed=cfg.pack, share_prefix=cfg.share_prefix)
     lp, ent = out if entropy else (out, None)
     old = t["old"] if "old" in t else lp.detach()
     pg, m = policy_loss(
@@ -222,18 +258,21 @@ def actor_loss(
 
 def update_actor(
     actor: Any, samples: Samples, advantages: torch.Tensor, scores: Scores, cfg: UpdateSettings, rows: int,
-    world: int,
+    world: int, live: list[int] | None = None,
 ) -> dict[str, float]:
-    """``cfg.ppo_epochs`` passes of ``rows``-sample mini-batches, packed micro-batches when ``cfg.pack``.
-    ``padding_share`` reports the padding computed; ``time/actor_step_s`` the optimizer steps' seconds."""
+    """``cfg.ppo_epochs`` passes of ``rows``-sample mini-batches, packed micro-batches when ``cfg.pack``;
+    only the ``live`` samples (default: all) are forwarded, the others still count in each mini-batch's
+    normaliser. ``padding_share`` reports the padding computed; ``time/actor_step_s`` the optimizer steps' seconds."""
     given = {k: v for k, v in (("old", scores.old), ("ref", scores.ref)) if v is not None}
     tensors = {"input_ids": samples.input_ids, "attention_mask": samples.attention_mask, "adv": advantages,
                "mask": samples.loss_mask, "rollout": samples.rollout_logprobs, "actions": samples.action_mask, **given}
     lengths = samples.attention_mask.sum(-1).tolist()
+    tokens = samples.token_lists() if cfg.share_prefix else None
     schedule = minibatches(lengths, epochs=cfg.ppo_epochs, rows=rows, token_budget=cfg.micro_batch_tokens,
-                           seed=cfg.seed, packed=cfg.pack)
+                           seed=cfg.seed, packed=cfg.pack, live=live, tokens=tokens)
     out, planned, step_s = optimize(actor, tensors, schedule, world, partial(actor_loss, actor, cfg), grad_norm=True)
     out["padding_share"] = padding_share(lengths, planned, cfg.pack)
+    out["shared_token_share"] = shared_token_share(lengths, planned, tokens)
     out["time/actor_step_s"] = step_s
     return out
 
