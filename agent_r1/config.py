@@ -571,6 +571,23 @@ class AlgorithmConfig(_Strict):
         return self
 
 
+class LoRAConfig(_Strict):
+    """LoRA adapters on the actor through PEFT (the critic, if any, trains in full)."""
+
+    rank: int = Field(8, ge=1, description="r: the adapters' rank")
+    alpha: float = Field(32.0, gt=0.0, description="the update is scaled by alpha / rank")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear", description="module names (e.g. [q_proj, v_proj]) or all-linear: every linear layer but the head"
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _some_modules(cls, v: list[str] | str) -> list[str] | str:
+        if isinstance(v, list) and not v:
+            raise ValueError("name at least one module, or all-linear")
+        return v
+
+
 class TrainConfig(_Strict):
     steps: int = Field(10, ge=0, description="RL steps (one rollout batch each)")
     questions_per_step: int = Field(6, ge=1, description="questions per step; x rollout.n trajectories")
@@ -587,6 +604,10 @@ class TrainConfig(_Strict):
     skip_zero_signal: bool = Field(
         True, description="leave out of the actor update the samples whose loss has exactly no gradient (advantage 0 "
         "on every token, no KL, no entropy bonus): a GRPO/RLOO group whose samples got one return"
+    )
+    lora: LoRAConfig | None = Field(
+        None, description="null: full fine-tuning of the actor; else LoRA adapters (rank, alpha, target_modules), "
+        "merged into the weights the rollout engine samples with and into the exported model"
     )
     actor_lr: float = Field(1e-5, gt=0.0)
     critic_lr: float = Field(1e-5, gt=0.0)

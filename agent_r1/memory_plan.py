@@ -183,6 +183,21 @@ def n_params(a: Arch) -> int:
     return embeddings + a.num_hidden_layers * layer + h
 
 
+def linear_shapes(a: Arch) -> dict[str, tuple[int, int]]:
+    """(in, out) features of a decoder layer's linear layers, by their module name (Llama/Qwen names)."""
+    h, q, kv, i = a.hidden_size, a.q_dim, a.kv_dim, a.intermediate_size
+    return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+            "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+
+def lora_params(a: Arch, rank: int, target_modules: list[str] | str) -> int:
+    """LoRA's parameters: ``r·(in + out)`` per adapted linear layer (all-linear: every one of a
+    layer's, the head excepted), per layer."""
+    shapes = linear_shapes(a)
+    names = shapes if target_modules == "all-linear" else [m for m in target_modules if m in shapes]
+    return a.num_hidden_layers * sum(rank * sum(shapes[m]) for m in names)
+
+
 def largest_tensor(a: Arch) -> int:
     """Elements of the largest parameter: the embedding (``V·h``) or an MLP matrix (``h·i``)."""
     return max(a.vocab_size * a.hidden_size, a.hidden_size * a.intermediate_size)
@@ -361,8 +376,14 @@ def model_parts(params: Params, a: Arch) -> list[Part]:
     whole second training state; its update runs after the actor's and needs less), and the
     actor's update: activations, logits, and one parameter's gradient before ZeRO buckets it."""
     t, b, n = params.train, 2 if params.train.bf16 else 4, n_params(a)
-    parts = training_state("actor", n, b, t.zero_stage, t.num_procs) + zero_buffers("actor", a, n, b, t.zero_stage)
-    if params.algorithm.kl_coef > 0:
+    if t.lora is None:
+        parts = training_state("actor", n, b, t.zero_stage, t.num_procs) + zero_buffers("actor", a, n, b, t.zero_stage)
+    else:  # a frozen base, the training state of the adapters alone
+        m, split = lora_params(a, t.lora.rank, t.lora.target_modules), t.num_procs if t.zero_stage >= 3 else 1
+        parts = [part(f"actor base weights, frozen ({sharded(b, split)})", b * n / split)]
+        parts += training_state("actor LoRA adapters", m, b, t.zero_stage, t.num_procs)
+        parts += zero_buffers("actor", a, n, b, t.zero_stage)  # buckets are sized to the whole module
+    if params.algorithm.kl_coef > 0 and t.lora is None:  # with LoRA the reference is the base, adapters off
         split = t.num_procs if t.zero_stage >= 3 else 1
         parts.append(part(f"reference model ({sharded(b, split)})", b * n / split))
     if ESTIMATORS.meta(params.algorithm.name, "needs_critic", False):
@@ -422,11 +443,11 @@ def vllm_parts(params: Params, a: Arch, device: Device) -> tuple[list[Part], KVC
 
 def transformers_parts(params: Params, a: Arch) -> list[Part]:
     """Our sampler: its own copy of the weights unless it samples with the actor's (ZeRO-1/2, same
-    dtype: weight_sync.sync_rollout_weights), a float32 copy of the LM head when it samples in bf16,
+    dtype, no LoRA, whose merged weights are a copy: weight_sync.sync_rollout_weights), a float32 copy of the LM head when it samples in bf16,
     and during the rollout a KV cache of ``batch_size × max_total_tokens`` tokens."""
     r, t = params.rollout, params.train
     parts = []
-    if t.zero_stage >= 3 or r.dtype != ("bfloat16" if t.bf16 else "float32"):
+    if t.zero_stage >= 3 or t.lora is not None or r.dtype != ("bfloat16" if t.bf16 else "float32"):
         parts.append(part(f"rollout engine weights (own copy, {r.dtype})", n_params(a) * DTYPE_BYTES[r.dtype]))
     if r.dtype != "float32":
         parts.append(part("rollout engine float32 LM head", a.vocab_size * a.hidden_size * 4))

@@ -22,8 +22,9 @@ from agent_r1.data.synthetic import generate
 from agent_r1.retrieval import build_index
 from agent_r1.rollout.trajectory import TrajectoryBatch
 from agent_r1.training.batching import minibatches
-from agent_r1.training.logprobs import token_logprobs, use_packed_attention
+from agent_r1.training.logprobs import token_logprobs, token_values, use_packed_attention
 from agent_r1.training.loop import build_models, update_from_rollout
+from agent_r1.training.models import ValueModel
 from agent_r1.training.packing import shared_layout, shared_micro_batches
 from agent_r1.training.samples import make_samples
 
@@ -90,6 +91,13 @@ def test_shared_prefixes_give_the_unshared_logprobs_and_gradients(
     assert (lp_shared[~scored] == 0).all() and (lp_shared[scored] != 0).float().mean() > 0.5
     torch.testing.assert_close(lp_shared, lp, rtol=0, atol=LOGPROB_TOL)
     torch.testing.assert_close(grads_shared, grads, rtol=0, atol=GRAD_RTOL * float(grads.abs().max()))
+
+    # the critic's packed forward: the same values at every real token
+    critic = ValueModel(lm.model, head_std=1.0)
+    with torch.no_grad():
+        plain = token_values(critic, samples.input_ids, samples.attention_mask)
+        shared_values = token_values(critic, samples.input_ids, samples.attention_mask, packed=True, share_prefix=True)
+    torch.testing.assert_close(shared_values, plain, rtol=0, atol=LOGPROB_TOL * float(plain.abs().max()))
 
 
 def test_shared_micro_batches_keep_groups_together_within_the_budget() -> None:

@@ -236,12 +236,44 @@ def test_ppo_trains_a_critic(world, tiny_policy: Path, tmp_path: Path) -> None:
         assert key in out["last"], key
 
 
+def test_train_rl_with_lora_syncs_checkpoints_resumes_and_exports_the_merged_model(
+    world, tiny_policy: Path, tmp_path: Path
+) -> None:
+    """train.lora end to end: the rollout samples with the merged weights (its log-probs match the
+    trainer's after an update that moved them), a killed run resumes from its checkpoint and ends like
+    an uninterrupted one, and the exported folder is a plain model (no adapter keys)."""
+    from transformers import AutoModelForCausalLM
+
+    from agent_r1.config import LoRAConfig
+
+    params = tiny_params(steps=2, actor_lr=1e-2, lora=LoRAConfig(rank=4, alpha=16))
+    # an entropy bonus: the tiny random policy earns no reward, and the KL to the base is 0 at first
+    params = params.model_copy(update={"algorithm": params.algorithm.model_copy(update={"entropy_coef": 0.01})})
+    ref = train_rl(params, **run_kw(world, tiny_policy, tmp_path / "ref"))
+    assert 0 < ref["last"]["rollout_mismatch"] < 1e-4  # stale or unmerged weights: ~lr-sized differences
+    train_rl(params.model_copy(update={"train": params.train.model_copy(update={"steps": 1})}),
+             **run_kw(world, tiny_policy, tmp_path / "run"))
+    resumed = train_rl(params, **run_kw(world, tiny_policy, tmp_path / "run"))
+    assert resumed["start_step"] == 1
+    assert_same_run(tmp_path / "ref", ref, tmp_path / "run", resumed)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "ref" / "model")
+    assert not any("lora" in k or "base_layer" in k for k in model.state_dict())
+    init = exported(tiny_policy)
+    moved = exported(tmp_path / "ref" / "model")
+    assert moved.keys() - {"lm_head.weight"} == init.keys()  # exports write the tied head too, LoRA or not
+    assert any(not torch.equal(moved[k], init[k]) for k in init)
+    assert torch.equal(moved["model.embed_tokens.weight"], init["model.embed_tokens.weight"])  # not adapted
+
+
 # ZeRO-2 in the slow suite (20 s of `make test`): 2-rank ZeRO-2 updates are checked against one rank in
 # test_deepspeed_ranks.py and its weight sync in test_weight_sync.py; ZeRO-3 runs the whole loop here.
-@pytest.mark.parametrize("stage", [pytest.param(2, marks=pytest.mark.slow), 3])
-def test_train_rl_on_two_ranks(stage: int, world, tiny_policy: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("stage,lora", [pytest.param(2, False, marks=pytest.mark.slow), (3, False), (3, True)],
+                         ids=["zero2", "zero3", "zero3-lora"])
+def test_train_rl_on_two_ranks(stage: int, lora: bool, world, tiny_policy: Path, tmp_path: Path) -> None:
     """The whole RL loop under the deepspeed launcher: 2 CPU ranks, ZeRO-2 and ZeRO-3
-    (weights gathered from shards for the rollout engine), checkpoint and export."""
+    (weights gathered from shards for the rollout engine, merged when LoRA trains), checkpoint and export."""
+    from agent_r1.config import LoRAConfig
+
     import os
     import subprocess
     import sys
@@ -253,7 +285,8 @@ def test_train_rl_on_two_ranks(stage: int, world, tiny_policy: Path, tmp_path: P
     qfile = tmp_path / "questions.parquet"
     questions.to_parquet(qfile)
     pfile = tmp_path / "params.json"
-    pfile.write_text(tiny_params(steps=2, zero_stage=stage, num_procs=2).model_dump_json())
+    lora_cfg = LoRAConfig(rank=4) if lora else None
+    pfile.write_text(tiny_params(steps=2, zero_stage=stage, num_procs=2, lora=lora_cfg).model_dump_json())
     root = Path(__file__).resolve().parents[1]
     cmd = [
         str(Path(sys.executable).parent / "deepspeed"), "--num_accelerators", "2", "--master_port", str(free_port()),
@@ -535,7 +568,7 @@ def test_step_representation_trains_a_critic_with_one_value_per_step(tiny_policy
     from), step-level GAE turns those into returns, and one update moves each step's value towards them."""
     from agent_r1.training.loop import estimator_settings, update_settings
     from agent_r1.training.samples import step_samples
-    from agent_r1.training.update import score
+    from agent_r1.training.update import critic_values
 
     params = tiny_params(actor_lr=1e-3, critic_lr=1e-3)
     params = params.model_copy(update={"algorithm": params.algorithm.model_copy(
@@ -547,7 +580,7 @@ def test_step_representation_trains_a_critic_with_one_value_per_step(tiny_policy
     steps, vmask = samples.credit.steps, samples.value_mask.bool()
 
     def values_and_credit() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        values = score(models, samples, update_settings(params), on_policy=True).values
+        values = critic_values(models, samples, update_settings(params))
         return values, *samples.credit.advantages(values, estimator_settings(params))
 
     values, advantages, returns = values_and_credit()

@@ -33,6 +33,7 @@ from agent_r1.config import Params, plugin_refs
 from agent_r1.io import atomic_dir, atomic_path, fsync_path, fsync_tree, hash_files, hash_tree, write_json
 from agent_r1.registry import ref_source
 from agent_r1.training.distributed import barrier, is_rank0
+from agent_r1.training.lora import has_lora, lora_scaling, merged_weights
 from agent_r1.training.models import unwrap
 from agent_r1.training.logprobs import inner_module
 
@@ -202,6 +203,8 @@ def export_hf(model: Any, tokenizer: Any, out_dir: str | Path) -> None:
     state = full_state_dict(model)
     if state is not None:
         inner = unwrap(model)
+        if has_lora(inner):  # the merged model: loads anywhere, no PEFT needed
+            state = merged_weights(state, lora_scaling(inner))
         if hasattr(inner, "save_pretrained"):
             with atomic_dir(out_dir) as tmp:
                 inner.save_pretrained(tmp, state_dict=state, safe_serialization=True)

@@ -16,6 +16,8 @@ computed and the result equals the padded computation's.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -183,6 +185,39 @@ class LogprobModel(nn.Module):
         return logprobs, entropy
 
 
+@dataclass
+class PackedRows:
+    """Right-padded rows ``[B, T]`` as one packed row ``ids`` ``[1, P]`` laid out by ``layout``;
+    ``index``: the packed position of each real token, in the rows' order."""
+
+    layout: PackedLayout
+    ids: torch.Tensor
+    index: torch.Tensor
+    keep: torch.Tensor  # [B, T] bool: the real tokens
+
+    @classmethod
+    def of(cls, input_ids: torch.Tensor, attention_mask: torch.Tensor, share_prefix: bool) -> "PackedRows":
+        keep = attention_mask.bool()
+        lengths = keep.sum(-1).tolist()
+        real = [n for n in lengths if n]
+        if share_prefix:
+            layout = shared_layout([input_ids[r, :n].tolist() for r, n in enumerate(lengths) if n])
+        else:
+            layout = plain_layout(real)
+        index = torch.cat(layout.row_index(real)).to(input_ids.device)
+        ids = input_ids.new_zeros(layout.total).index_copy_(0, index, input_ids[keep])[None]
+        return cls(layout, ids, index, keep)
+
+    def packed(self, row_values: torch.Tensor) -> torch.Tensor:
+        """``[B, T]`` -> ``[1, P]`` bool: set where any row sharing the position has it set."""
+        hits = torch.zeros(self.layout.total, device=self.ids.device).index_add_(0, self.index, row_values[self.keep].float())
+        return (hits > 0)[None]
+
+    def unpacked(self, x: torch.Tensor) -> torch.Tensor:
+        """``[1, P]`` -> ``[B, T]`` (0 on padding); a shared position's value goes to every row sharing it."""
+        return x.new_zeros(self.keep.shape).masked_scatter(self.keep, x[0, self.index])
+
+
 def _packed_forward(
     model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float,
     return_entropy: bool, chunk_tokens: int, score_mask: torch.Tensor | None, share_prefix: bool,
@@ -190,21 +225,27 @@ def _packed_forward(
     """``model``'s (a :class:`LogprobModel` or its engine) ``(logprobs, entropy)`` of right-padded rows
     computed as one packed row of their real tokens (their shared prefixes once when ``share_prefix``),
     back ``[B, T]`` with 0 on padding and outside ``score_mask``."""
-    keep = attention_mask.bool()
-    lengths = keep.sum(-1).tolist()
-    real = [r for r, n in enumerate(lengths) if n]
-    tokens = [input_ids[r, : lengths[r]].tolist() for r in real]
-    layout = shared_layout(tokens) if share_prefix else plain_layout([lengths[r] for r in real])
-    index = torch.cat(layout.row_index([lengths[r] for r in real])).to(input_ids.device)
-    ids = input_ids.new_zeros(layout.total).index_copy_(0, index, input_ids[keep])[None]
-    score = None
-    if score_mask is not None:  # a shared token is scored if any of its rows scores it
-        score = (torch.zeros(layout.total, device=ids.device).index_add_(0, index, score_mask[keep].float()) > 0)[None]
-    lp, ent = model(ids, torch.ones_like(ids), temperature, return_entropy, chunk_tokens, score, layout)
-    lp, ent = (x.new_zeros(keep.shape).masked_scatter(keep, x[0, index]) for x in (lp, ent))
+    rows = PackedRows.of(input_ids, attention_mask, share_prefix)
+    score = rows.packed(score_mask) if score_mask is not None else None  # scored if any of its rows scores it
+    lp, ent = model(rows.ids, torch.ones_like(rows.ids), temperature, return_entropy, chunk_tokens, score, rows.layout)
+    lp, ent = rows.unpacked(lp), rows.unpacked(ent)
     if share_prefix and score_mask is not None:  # each row keeps only what it scores
         lp, ent = (torch.where(score_mask.bool(), x, 0.0) for x in (lp, ent))
     return lp, ent
+
+
+def token_values(
+    value_model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, packed: bool = False,
+    share_prefix: bool = False,
+) -> torch.Tensor:
+    """A value model's (or its engine's) ``[B, T]`` float32 values, 0 on padding; ``packed`` and
+    ``share_prefix`` as in :func:`token_logprobs`."""
+    if share_prefix and not packed:
+        raise ValueError("share_prefix needs packed micro-batches")
+    if not packed:
+        return value_model(input_ids, attention_mask).float() * attention_mask
+    rows = PackedRows.of(input_ids, attention_mask, share_prefix)
+    return rows.unpacked(value_model(rows.ids, torch.ones_like(rows.ids), rows.layout).float())
 
 
 def token_logprobs(
@@ -277,15 +318,18 @@ def batched_token_logprobs(
 
 
 @torch.no_grad()
+@torch.no_grad()
 def batched_values(
-    value_model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_budget: int
+    value_model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_budget: int,
+    share_prefix: bool = False,
 ) -> torch.Tensor:
-    """A value model's (or its engine's) ``[B, T]`` float32 values over token-budget micro-batches (0 on padding)."""
+    """:func:`token_values` over token-budget micro-batches, without gradients ([B, T]); ``share_prefix``:
+    packed micro-batches cut in prefix order, shared prefixes computed once."""
     out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
-    for rows, mb in _plan(value_model, input_ids, attention_mask, token_budget, False):
-        values = value_model(mb["input_ids"], mb["attention_mask"])
+    for rows, mb in _plan(value_model, input_ids, attention_mask, token_budget, share_prefix):
+        v = token_values(value_model, mb["input_ids"], mb["attention_mask"], packed=share_prefix, share_prefix=share_prefix)
         if rows:
-            out[rows, : values.shape[1]] = values.float() * mb["attention_mask"]
+            out[rows, : v.shape[1]] = v
     return out
 
 

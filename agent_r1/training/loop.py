@@ -43,6 +43,7 @@ from agent_r1.training.checkpoint import (
 )
 from agent_r1.training.distributed import barrier, init_distributed, is_rank0
 from agent_r1.training.live import all_reduce_mean, log_iteration, log_metrics, open_live, rollout_metrics
+from agent_r1.training.lora import add_lora
 from agent_r1.training.models import ValueModel, load_policy, make_frozen, make_trainable
 from agent_r1.training.samples import EstimatorSettings, make_samples
 from agent_r1.training.update import Models, UpdateSettings, rl_update
@@ -72,15 +73,20 @@ def estimator_settings(params: Params) -> EstimatorSettings:
 
 
 def build_models(params: Params, init_model: Path) -> Models:
-    """The actor from ``init_model``; the reference only when ``kl_coef > 0``; a critic when the estimator needs one."""
+    """The actor from ``init_model`` (with LoRA adapters when ``train.lora``); the reference only when
+    ``kl_coef > 0`` (with LoRA: the actor without its adapters); a critic when the estimator needs one."""
     cfg, alg = params.train, params.algorithm
-    actor = make_trainable(load_policy(init_model, "float32", cfg.gradient_checkpointing), cfg, cfg.actor_lr)
-    reference = make_frozen(load_policy(init_model, "float32", False), cfg) if alg.kl_coef > 0 else None
+    policy = load_policy(init_model, "float32", cfg.gradient_checkpointing)
+    if cfg.lora is not None:
+        policy = add_lora(policy, cfg.lora.rank, cfg.lora.alpha, cfg.lora.target_modules)
+    actor = make_trainable(policy, cfg, cfg.actor_lr)
+    separate_reference = alg.kl_coef > 0 and cfg.lora is None
+    reference = make_frozen(load_policy(init_model, "float32", False), cfg) if separate_reference else None
     critic = None
     if ESTIMATORS.meta(alg.name, "needs_critic", False):
         value_model = ValueModel.from_pretrained(init_model, "float32", cfg.gradient_checkpointing)
         critic = make_trainable(value_model, cfg, cfg.critic_lr)
-    return Models(actor, reference, critic)
+    return Models(actor, reference, critic, reference_is_base=alg.kl_coef > 0 and cfg.lora is not None)
 
 
 # ------------------------------------------------------------------ one iteration

@@ -46,6 +46,7 @@ from agent_r1.io import atomic_dir, write_json
 from agent_r1.training.buckets import DEFAULT_PREFETCH_BUCKET, bucket_elements
 from agent_r1.training.distributed import init_distributed
 from agent_r1.training.logprobs import LogprobModel, inner_module, use_packed_attention
+from agent_r1.training.packing import PackedLayout
 
 if TYPE_CHECKING:
     import deepspeed
@@ -87,9 +88,17 @@ class ValueModel(nn.Module):
         nn.init.normal_(self.head.weight, std=head_std)
         nn.init.zeros_(self.head.bias)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Values ``[B, T]`` in float32; ``values[:, t]`` is the value of the state ending at token t."""
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, layout: PackedLayout | None = None
+    ) -> torch.Tensor:
+        """Values ``[B, T]`` in float32; ``values[:, t]`` is the value of the state ending at token t.
+        ``layout``: ``input_ids`` is one packed row laid out by it (see :func:`~agent_r1.training.logprobs.token_values`)."""
+        extra = {}
+        if layout is not None:
+            extra = {"position_ids": layout.position_ids(input_ids.device), "packed_layout": layout}
+        hidden = self.backbone(
+            input_ids=input_ids, attention_mask=None if extra else attention_mask, use_cache=False, **extra
+        ).last_hidden_state
         return self.head(hidden).squeeze(-1).float()
 
     @classmethod
@@ -193,6 +202,14 @@ def _as_trainable_module(model: nn.Module) -> nn.Module:
     return LogprobModel(model) if model.get_output_embeddings() is not None else model
 
 
+def _packed_attention(model: nn.Module) -> None:
+    """Let the transformer inside an actor or critic run packed rows too (padded ones run as before)."""
+    if isinstance(model, LogprobModel):
+        use_packed_attention(model.lm)
+    elif isinstance(model, ValueModel):
+        use_packed_attention(model.backbone)
+
+
 def make_trainable(model: nn.Module, cfg: TrainConfig, lr: float) -> deepspeed.DeepSpeedEngine:
     """Wrap a trainable model (actor or critic) in a DeepSpeed engine with torch AdamW.
 
@@ -208,8 +225,8 @@ def make_trainable(model: nn.Module, cfg: TrainConfig, lr: float) -> deepspeed.D
     """
     _, world = init_distributed()
     model = _as_trainable_module(model)
-    if cfg.pack and isinstance(model, LogprobModel):  # the actor's updates run packed (update.update_actor)
-        use_packed_attention(model.lm)
+    if cfg.pack:  # the updates run packed (update.update_actor, update.update_critic)
+        _packed_attention(model)
     # fused: one pass over the flat fp32 partition; the per-tensor loop makes two temporaries
     # of the model's size (the sqrt and its scaling), 1 GB at the step's memory peak for 135M
     optimizer = torch.optim.AdamW(
@@ -232,8 +249,8 @@ def make_frozen(model: nn.Module, cfg: TrainConfig) -> deepspeed.DeepSpeedEngine
     _, world = init_distributed()
     model = _as_trainable_module(model)
     model.requires_grad_(False)
-    if cfg.pack and isinstance(model, LogprobModel):  # its scoring runs packed (update.score)
-        use_packed_attention(model.lm)
+    if cfg.pack:  # its scoring runs packed (update.score)
+        _packed_attention(model)
     select_accelerator()  # before deepspeed's first import: it picks its accelerator then
     import deepspeed
 

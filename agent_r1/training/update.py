@@ -27,17 +27,24 @@ import torch
 from agent_r1.algorithms import kl, policy_loss, value_loss
 from agent_r1.algorithms.losses import aggregate_loss
 from agent_r1.training.batching import global_denominator, minibatches, padding_share, select_rows, shared_token_share
-from agent_r1.training.logprobs import batched_token_logprobs, batched_values, token_logprobs
+from agent_r1.training.logprobs import (
+    batched_token_logprobs, batched_values, inner_module, token_logprobs, token_values,
+)
+from agent_r1.training.lora import adapters_disabled
 from agent_r1.training.samples import EstimatorSettings, Samples
 
 
 @dataclass
 class Models:
-    """The trained models: the actor, the frozen reference (``kl_coef > 0``) and the critic (PPO)."""
+    """The trained models: the actor, the frozen reference (``kl_coef > 0``) and the critic (PPO).
+
+    ``reference_is_base``: the actor carries LoRA adapters and the reference is the actor without
+    them (``reference`` is then None)."""
 
     actor: Any
     reference: Any | None = None
     critic: Any | None = None
+    reference_is_base: bool = False
 
     def checkpointed(self) -> dict[str, Any]:
         return {k: v for k, v in (("actor", self.actor), ("critic", self.critic)) if v is not None}
@@ -93,7 +100,8 @@ def critic_values(models: Models, samples: Samples, cfg: UpdateSettings) -> torc
     """The critic's values before the update (masked to the value positions where the representation has them)."""
     if models.critic is None:
         return None
-    values = batched_values(models.critic, samples.input_ids, samples.attention_mask, cfg.micro_batch_tokens)
+    values = batched_values(models.critic, samples.input_ids, samples.attention_mask, cfg.micro_batch_tokens,
+                            share_prefix=cfg.share_prefix)
     return values * samples.value_mask if samples.value_mask is not None else values
 
 
@@ -107,7 +115,8 @@ def signal_rows(advantages: torch.Tensor, samples: Samples, cfg: UpdateSettings,
     mini-batch's token count, its row count) still counts it (:func:`optimize`).
     """
     rows = list(range(len(samples)))
-    if not cfg.skip_zero_signal or models.reference is not None or cfg.kl_coef > 0 or cfg.entropy_coef > 0:
+    if not cfg.skip_zero_signal or models.reference is not None or models.reference_is_base or cfg.kl_coef > 0 \
+            or cfg.entropy_coef > 0:
         return rows
     nonzero = ((advantages != 0) & samples.loss_mask.bool()).any(-1)
     return [i for i in rows if nonzero[i]]
@@ -127,7 +136,12 @@ def score(models: Models, samples: Samples, cfg: UpdateSettings, on_policy: bool
         only_rows = torch.zeros_like(mask)
         only_rows[rows] = mask[rows]
         old = logprobs(models.actor, only_rows)
-    ref = logprobs(models.reference, mask) if models.reference is not None else None
+    ref = None
+    if models.reference is not None:
+        ref = logprobs(models.reference, mask)
+    elif models.reference_is_base:
+        with adapters_disabled(inner_module(models.actor)):
+            ref = logprobs(models.actor, mask)
     return Scores(old=old, ref=ref, values=None)
 
 
@@ -281,7 +295,7 @@ def critic_loss(
     critic: Any, cfg: UpdateSettings, t: dict[str, torch.Tensor], denom: float, share: float, row_weight: float
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """A micro-batch's clipped value loss, pre-scaled by ``denom`` (a :data:`MicroLoss`)."""
-    values = critic(t["input_ids"], t["attention_mask"])
+    values = token_values(critic, t["input_ids"], t["attention_mask"], packed=cfg.pack, share_prefix=cfg.share_prefix)
     vl, m = value_loss(values, t["old"], t["ret"], t["mask"], cfg.value_clip, denominator=denom)
     m["value_loss"] = float(vl.detach()) / max(share, 1e-8)
     return vl, m
@@ -294,8 +308,9 @@ def update_critic(
     """The clipped value loss on the critic's positions, on its own shuffle of the actor's schedule."""
     tensors = {"input_ids": samples.input_ids, "attention_mask": samples.attention_mask, "ret": returns,
                "old": old_values, "mask": samples.critic_mask}
+    tokens = samples.token_lists() if cfg.share_prefix else None
     schedule = minibatches(samples.attention_mask.sum(-1).tolist(), epochs=cfg.ppo_epochs, rows=rows,
-                           token_budget=cfg.micro_batch_tokens, seed=cfg.seed + 1)
+                           token_budget=cfg.micro_batch_tokens, seed=cfg.seed + 1, packed=cfg.pack, tokens=tokens)
     out, _, step_s = optimize(critic, tensors, schedule, world, partial(critic_loss, critic, cfg))
     out["time/critic_step_s"] = step_s
     return out

@@ -10,7 +10,8 @@ tensors (``share_weights``) instead of holding a second copy.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import torch
@@ -18,20 +19,30 @@ from torch import nn
 
 from agent_r1.accelerator import select_accelerator
 from agent_r1.training.buckets import bucket_elements
+from agent_r1.training.lora import has_lora, is_adapter_key, lora_scaling, merged_weights
 from agent_r1.training.models import unwrap
 
 
 def sync_rollout_weights(actor: Any, inference: Any, bucket: int | None = None) -> None:
     """The actor's weights into the ``inference`` engine: shared (ZeRO-1/2, same dtype), or loaded in
-    buckets of at most ``bucket`` elements (default: the size of ZeRO's own buckets). Collective."""
+    buckets of at most ``bucket`` elements (default: the size of ZeRO's own buckets). Collective.
+    With LoRA adapters the engine gets the merged weights (:func:`~agent_r1.training.lora.merged_weights`)."""
+    as_base = _as_base_model(unwrap(actor))
     if actor.zero_optimization_partition_weights():
         with inference.weight_sync():
             for weights in gathered_weight_buckets(actor, bucket):
-                inference.update_weights(weights)
+                inference.update_weights(as_base(weights))
         return
-    state = {k: v.detach() for k, v in unwrap(actor).state_dict().items()}  # ZeRO-1/2: the full weights
+    state = as_base({k: v.detach() for k, v in unwrap(actor).state_dict().items()})  # ZeRO-1/2: the full weights
     if not inference.share_weights(state):  # re-pointed at every sync: follows a buffer DeepSpeed replaced
         inference.update_weights(state)
+
+
+def _as_base_model(lm: nn.Module) -> Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]:
+    """The state dict under the base model's names: LoRA merged in, or as it is."""
+    if not has_lora(lm):
+        return lambda state: state
+    return partial(merged_weights, scaling=lora_scaling(lm))
 
 
 # One distinct tensor of a state dict and every name it has there (tied weights: several).
@@ -52,12 +63,13 @@ def _full_numel(tensor: torch.Tensor) -> int:
 
 
 def _buckets(tensors: list[NamedTensor], max_elements: int) -> list[list[NamedTensor]]:
-    """Consecutive runs of ``tensors`` of at most ``max_elements`` elements (a larger tensor alone)."""
+    """Consecutive runs of ``tensors`` of at most ``max_elements`` elements (a larger tensor alone);
+    LoRA tensors stay in their base layer's run, so that each run can be merged on its own."""
     buckets: list[list[NamedTensor]] = []
     size = 0
     for entry in tensors:
         n = _full_numel(entry[1])
-        if not buckets or size + n > max_elements:
+        if not buckets or (size + n > max_elements and not is_adapter_key(entry[0][0])):
             buckets.append([])
             size = 0
         buckets[-1].append(entry)
