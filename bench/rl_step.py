@@ -12,6 +12,8 @@ warm-up (thread pools, allocator), so the summary averages the steps after it.
 
     .venv/bin/python bench/rl_step.py old=d76e014 new=. per_turn=.,rollout.continuous=false --steps 3
 
+A nested key under a null one makes it a mapping: ``lora=.,train.lora.rank=8``.
+
 With ``--eval-questions N`` each trained policy is then scored greedily on the
 evaluate stage's held-out sample (N per source): EM with its standard error,
 and the paired difference against the first side on the same questions. The
@@ -63,6 +65,8 @@ for key, value in sets.items():
     node = raw
     *parents, leaf = key.split(".")
     for k in parents:
+        if node.get(k) is None:  # e.g. train.lora.rank=8 on train.lora: null
+            node[k] = {}
         node = node[k]
     node[leaf] = yaml.safe_load(value)
 params = experiment_params(parse_params(raw), "grpo")

@@ -132,7 +132,7 @@ def one_signal_group(batch: TrajectoryBatch) -> TrajectoryBatch:
     return TrajectoryBatch(**{**batch.__dict__, "token_rewards": rewards})
 
 
-@pytest.mark.parametrize("representation", ["flat", "step"])
+@pytest.mark.parametrize("representation", ["flat", pytest.param("step", marks=pytest.mark.slow)])
 def test_skipping_zero_signal_samples_gives_the_same_optimizer_step(
     representation: str, rollout: TrajectoryBatch, policy_dir: Path
 ) -> None:
