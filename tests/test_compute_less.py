@@ -37,15 +37,15 @@ GRAD_RTOL = 1e-3
 def rollout_params(**train: object) -> Params:
     p = Params()
     return p.model_copy(update={
-        "rollout": p.rollout.model_copy(update={"n": 3, "max_new_tokens": 24}),
+        "rollout": p.rollout.model_copy(update={"n": 2, "max_new_tokens": 24}),
         "env": p.env.model_copy(update={"max_turns": 2}),
-        "train": p.train.model_copy(update={"mini_batch_size": 6, **train}),
+        "train": p.train.model_copy(update={"mini_batch_size": 4, **train}),
     })  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def rollout(tmp_path_factory: pytest.TempPathFactory, policy_dir: Path) -> TrajectoryBatch:
-    """Two questions x 3 samples, multi-turn, sampled by the default engine from the real policy."""
+    """Two questions x 2 samples, multi-turn, sampled by the default engine from the real policy."""
     from agent_r1.env import make_env
     from agent_r1.rollout import make_rollout_engine, run_episodes
 
@@ -152,7 +152,7 @@ def test_skipping_zero_signal_samples_gives_the_same_optimizer_step(
     off = float((diff > 1e-7).float().mean())
     print(f"\n{representation}: skipped {metrics[True]['skipped_samples']:.0%}, max |dweight| {float(diff.max()):.1e}, "
           f"{off:.1e} of the weights off by > 1% of a step")
-    # Adam's first step moves a weight by ~lr * sign(grad) (lr 1e-5), whatever the gradient's size (the
-    # grad norm above checks that): a weight whose gradient is near Adam's eps (1e-8) may round either
-    # way, any real difference of direction moves a large share of the weights by ~lr.
-    assert off < 1e-3 and float(diff.max()) < 1e-5
+    # Adam's first step moves a weight by ~lr * g / (|g| + eps) (lr 1e-5), whatever the gradient's size
+    # (the grad norm above checks that): a weight whose gradient is near eps (1e-8) may move by up to
+    # ~lr either way on a rounding difference; any real difference of direction moves a large share.
+    assert off < 1e-3

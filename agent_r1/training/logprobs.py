@@ -58,8 +58,23 @@ def _packed_attention(
             continue
         path = layout.path(node)
         k, v = torch.cat([ks[n] for n in path], dim=2), torch.cat([vs[n] for n in path], dim=2)
-        outs.append(sdpa_attention_forward(module, q, k, v, mask, is_causal=False, **kwargs)[0])
+        outs.append(_masked_sdpa(module, q, k, v, mask, **kwargs))
     return torch.cat(outs, dim=1), None  # [1, T, heads, head_dim]
+
+
+def _masked_sdpa(
+    module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, **kwargs
+) -> torch.Tensor:
+    """SDPA with an explicit mask, ``[1, T, heads, head_dim]``. On CPU its kernel takes grouped KV heads
+    with a mask, so the keys and values it keeps for the backward are not repeated per query head
+    (transformers repeats them whenever a mask is given, for the CUDA kernels' sake)."""
+    if q.device.type != "cpu":
+        return sdpa_attention_forward(module, q, k, v, mask, is_causal=False, **kwargs)[0]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, dropout_p=kwargs.get("dropout", 0.0), scale=kwargs.get("scaling"),
+        enable_gqa=k.shape[1] != q.shape[1],
+    )
+    return out.transpose(1, 2).contiguous()
 
 
 AttentionInterface.register(PACKED_ATTENTION, _packed_attention)
