@@ -16,6 +16,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from agent_r1.config import Params, RetrievalConfig, SyntheticConfig
 from agent_r1.data.synthetic import generate
@@ -98,6 +100,21 @@ def test_shared_prefixes_give_the_unshared_logprobs_and_gradients(
         plain = token_values(critic, samples.input_ids, samples.attention_mask)
         shared_values = token_values(critic, samples.input_ids, samples.attention_mask, packed=True, share_prefix=True)
     torch.testing.assert_close(shared_values, plain, rtol=0, atol=LOGPROB_TOL * float(plain.abs().max()))
+
+
+@given(st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=12), min_size=1, max_size=8))
+def test_a_shared_layout_gives_every_row_its_own_tokens_positions_and_predictors(rows: list[list[int]]) -> None:
+    """Whatever the rows: each row read back through the layout is itself, at positions 0..n-1, each
+    token predicted by the row's previous one; and the layout holds each distinct prefix once."""
+    layout = shared_layout(rows)
+    ids = torch.full((layout.total,), -1)
+    positions, predictors = layout.position_ids()[0], layout.predictors()
+    for tokens, index in zip(rows, layout.row_index([len(r) for r in rows])):
+        assert (ids[index] == -1).logical_or(ids[index] == torch.tensor(tokens)).all()  # shared spans agree
+        ids[index] = torch.tensor(tokens)
+        assert positions[index].tolist() == list(range(len(tokens)))
+        assert predictors[index].tolist() == [-1] + index[:-1].tolist()
+    assert layout.total == len({tuple(r[:k]) for r in rows for k in range(1, len(r) + 1)})
 
 
 def test_shared_micro_batches_keep_groups_together_within_the_budget() -> None:
