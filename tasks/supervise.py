@@ -90,8 +90,18 @@ def kill_descendants() -> int:
     return len(killed)
 
 
+_parent_died = False
+
+
 def on_parent_death(signum: int, frame: object) -> None:
-    raise ParentDied()
+    """Raise once. A parent dying can signal twice in a row (its thread exits, the
+    supervisor is handed to a sibling thread, which exits too): a second raise
+    landing in the ``except ParentDied`` block would end the supervisor before it
+    kills anything, orphaning the stage."""
+    global _parent_died
+    if not _parent_died:
+        _parent_died = True
+        raise ParentDied()
 
 
 def main(argv: list[str]) -> int:
