@@ -1,7 +1,7 @@
 """The RL recipe, chosen on the validation split: validation EM against training minutes, side by side.
 
-Each side is a name and ``--set`` overrides of the default experiment (``grpo``,
-from the warm start ``models/sft``), trained by the train stage itself for
+Each side is a name and ``--set`` overrides of the learning curve's experiment
+(``grpo`` of ``paper/presets.yaml``, from the warm start ``models/sft``), trained by the train stage itself for
 ``--steps`` iterations with a greedy evaluation on the validation split every
 ``--eval-every`` (``--eval-questions`` of it: 100 is the whole split, as the
 learning curve's). Nothing here reads the test split. Runs are resumable (their
@@ -35,6 +35,7 @@ OUT = ROOT / "bench" / "results"
 WORK = ROOT / "build" / "recipe"
 CURVE = ROOT / "paper" / "dvclive" / "curve" / "plots" / "metrics"
 WARM_START = ROOT / "paper" / "metrics" / "curve_start.json"
+PRESETS = ROOT / "paper" / "presets.yaml"  # the learning curve's experiment (its grpo: no one-shot example)
 
 
 def tsv(path: Path) -> dict[int, float]:
@@ -57,7 +58,7 @@ def curve_points(live_metrics: Path, start_em: float) -> list[dict[str, float]]:
 def train_side(name: str, sets: list[str], steps: int, eval_every: int, eval_questions: int) -> Path:
     """The train stage for one side (resumes its own checkpoint); its dvclive metrics folder."""
     out = WORK / name
-    cmd = [sys.executable, "-m", "agent_r1.stages.train", "--experiment", "grpo",
+    cmd = [sys.executable, "-m", "agent_r1.stages.train", "--presets", str(PRESETS), "--experiment", "grpo",
            "--set", f"train.steps={steps}", "--set", f"train.eval_every={eval_every}",
            "--set", f"train.eval_questions={eval_questions}", "--set", f"train.save_every={eval_every}",
            *[a for s in sets for a in ("--set", s)],

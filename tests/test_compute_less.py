@@ -59,6 +59,7 @@ def rollout(tmp_path_factory: pytest.TempPathFactory, policy_dir: Path) -> Traje
     engine = make_rollout_engine(policy_dir, params.rollout)
     batch = run_episodes(engine, make_env(params, index_dir), engine.tokenizer, records, params.rollout)
     assert int(batch.action_mask.sum()) > 0 and pd.Series(batch.group_id.tolist()).nunique() == 2
+    assert len(make_samples(batch, "step")) > len(batch)  # multi-turn: some episode took more than one step
     return batch
 
 

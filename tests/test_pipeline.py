@@ -26,14 +26,14 @@ TINY_DATA = {
     "val_questions": 4,
     "synthetic": {"n_train": 40, "n_test": 20, "n_test_ood": 10, "entities_per_type": 40},
 }
-# Every stage for real, at toy sizes: 4 demos, 2 RL steps of 2 questions x 2 samples, 4 eval questions per source.
+# Every stage for real, at toy sizes: 2 demos, 2 RL steps of 2 questions x 2 samples, 4 eval questions per source.
 # One checkpoint per run (save_every = steps): each is ~2 GB of the real model's ZeRO states.
 TINY = {
     "data": TINY_DATA,
     "rollout": {"n": 2, "max_new_tokens": 40, "max_total_tokens": 700, "batch_size": 8},
     "env": {"max_turns": 3},
     "eval": {"questions_per_source": 3},
-    "sft": {"n_demos": 4, "batch_size": 4},
+    "sft": {"n_demos": 2, "batch_size": 2},
     "train": {"steps": 2, "questions_per_step": 2, "mini_batch_size": 4, "save_every": 2, "eval_every": 1,
               "eval_questions": 2, "micro_batch_tokens": 2048, "gradient_checkpointing": False},
 }
