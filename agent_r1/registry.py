@@ -199,8 +199,10 @@ class Registry:
         return self._entries[value].meta.get(key, default)
 
     def options_model(self, value: str) -> Any:
-        """The pydantic model of ``value``'s own settings (metadata ``Options``), or None: it takes none."""
-        return self.meta(value, OPTIONS)
+        """The pydantic model of ``value``'s own settings (metadata ``Options``; a built-in names it by
+        reference, imported only when asked for), or None: it takes none."""
+        model = self.meta(value, OPTIONS)
+        return import_ref(model) if isinstance(model, str) else model
 
     def options(self, value: str, raw: Mapping[str, Any] | None) -> Any:
         """``value``'s settings: ``raw`` validated by its ``Options`` model (an instance, defaults filled in),
@@ -219,6 +221,7 @@ class Registry:
 
 TOOLS = Registry("tool", subclass_of("agent_r1.env.tools:Tool"))
 TOOLS.add("search", "agent_r1.env.tools:SearchTool")
+TOOLS.add("python", "agent_r1.env.python_tool:PythonTool", Options="agent_r1.env.python_tool:PythonToolOptions")
 
 FORMATS = Registry("action format", subclass_of("agent_r1.env.formats:ActionFormat"))
 FORMATS.add("tags", "agent_r1.env.formats:TagFormat")

@@ -39,6 +39,10 @@ calls are validated and scored but not run, since no one could read the
 result. ``tool_calls`` counts every attempted call, a malformed turn as one;
 ``invalid_calls`` the subset that failed.
 
+A tool with state per episode (``Tool.per_episode``) is opened for each episode
+by ``reset`` and closed by ``finish`` (or ``release``, when a rollout stops
+early); each episode's calls run on its own instance, in their order.
+
 Tools run in daemon threads, one per tool per step, so a hung tool costs at
 most ``tool_timeout_s`` and cannot block interpreter exit; its late result is
 dropped. If a batch raises, its calls are retried one by one, so one poisoned
@@ -189,7 +193,9 @@ class ToolEnv:
             *(dict(m) for m in self.example_messages),
             {"role": "user", "content": self.format.user_prompt(question)},
         ]
-        return Episode(record=record, messages=messages)
+        episode = Episode(record=record, messages=messages)
+        episode.tools = {name: tool.open(episode) for name, tool in self.tools.items() if tool.per_episode}
+        return episode
 
     def tool_specs(self) -> list[dict] | None:
         """Function specs for ``apply_chat_template(tools=...)`` in the tool_call format, else None."""
@@ -224,6 +230,7 @@ class ToolEnv:
             )
         episode.done = True
         episode.termination = reason
+        self._close_tools(episode)
         answered = reason == "answer" and episode.answer is not None
         golds = record_list(episode.record, "answers")
         episode.outcome_reward = outcome_reward(episode.answer, golds, answered, self.cfg.reward)
@@ -245,7 +252,20 @@ class ToolEnv:
             "process_reward": float(sum(episode.final_turn_rewards)),
         }
 
+    def release(self, episodes: list[Episode]) -> None:
+        """Close the per-episode tools of episodes left unfinished (a rollout that stopped early)."""
+        for episode in episodes:
+            self._close_tools(episode)
+
     # --------------------------------------------------------- internals
+    def _close_tools(self, episode: Episode) -> None:
+        tools, episode.tools = episode.tools, {}
+        for name, tool in tools.items():
+            try:
+                tool.close()
+            except Exception as exc:  # one tool failing to clean up must not lose the episode
+                log.warning("tool %r of record %r failed to close: %s", name, episode.record.get("id"), exc)
+
     def _check_call(self, call: ToolCall) -> str | None:
         tool = self.tools.get(call.name)
         if tool is None:
@@ -256,9 +276,10 @@ class ToolEnv:
             return f"could not validate the call of {call.name!r} ({type(exc).__name__}: {exc})"[:_ERROR_CHARS]
 
     def _dispatch(self, episodes: list[Episode], parsed: list[ParsedAction]) -> list[list[_Outcome]]:
-        """Validate every call, run the valid ones batched per tool, and return one outcome per call."""
+        """Validate every call, run the valid ones batched per tool (a per-episode tool: per episode, on
+        the episode's own instance), and return one outcome per call."""
         outcomes: list[list[_Outcome]] = [[] for _ in parsed]
-        pending: dict[str, list[tuple[int, int, dict]]] = {}
+        pending: dict[tuple[str, int], list[tuple[int, int, dict]]] = {}  # (tool, episode or -1) -> calls
         for i, (ep, p) in enumerate(zip(episodes, parsed)):
             if p.error is not None:
                 continue
@@ -267,23 +288,25 @@ class ToolEnv:
                 problem = self._check_call(call)
                 outcomes[i].append(_Outcome(ok=problem is None, error=problem))
                 if problem is None and not last_turn:
-                    pending.setdefault(call.name, []).append((i, k, call.arguments))
-        names = list(pending)
+                    owner = i if self.tools[call.name].per_episode else -1
+                    pending.setdefault((call.name, owner), []).append((i, k, call.arguments))
+        keys = list(pending)
+        tools = [episodes[owner].tools[name] if owner >= 0 else self.tools[name] for name, owner in keys]
         batch = run_with_timeout(
-            [_bound(self.tools[n].batch_execute, [a for _, _, a in pending[n]]) for n in names],
-            [self._timeout(n) for n in names],
+            [_bound(tool.batch_execute, [a for _, _, a in pending[key]]) for tool, key in zip(tools, keys)],
+            [self._timeout(name) for name, _ in keys],
         )
-        for name, result in zip(names, batch):
-            self._raise_infrastructure(name, [result])
-            for (i, k, _), outcome in zip(pending[name], self._per_call(name, pending[name], result)):
+        for key, tool, result in zip(keys, tools, batch):
+            self._raise_infrastructure(tool.name, [result])
+            for (i, k, _), outcome in zip(pending[key], self._per_call(tool, pending[key], result)):
                 if not outcome.ok:
-                    outcome.error = f"tool {name!r} {outcome.error}"
+                    outcome.error = f"tool {tool.name!r} {outcome.error}"
                 outcomes[i][k] = outcome
         return outcomes
 
-    def _per_call(self, name: str, calls: list[tuple[int, int, dict]], result: _Outcome) -> list[_Outcome]:
+    def _per_call(self, tool: Tool, calls: list[tuple[int, int, dict]], result: _Outcome) -> list[_Outcome]:
         """Split one tool's batch result into per-call outcomes (retrying singly if the batch raised)."""
-        n = len(calls)
+        name, n = tool.name, len(calls)
         if result.ok:
             values = result.value
             if isinstance(values, list) and len(values) == n:
@@ -292,9 +315,7 @@ class ToolEnv:
             result = _Outcome(ok=False, error=f"failed: batch_execute returned {got} results for {n} calls")
         elif n > 1 and not result.error.startswith("timed out"):
             log.warning("tool %r batch of %d calls %s; retrying one by one", name, n, result.error)
-            single = run_with_timeout(
-                [_bound(self.tools[name].execute, a) for _, _, a in calls], [self._timeout(name)] * n
-            )
+            single = run_with_timeout([_bound(tool.execute, a) for _, _, a in calls], [self._timeout(name)] * n)
             self._raise_infrastructure(name, single)
             return single
         log.warning("tool %r %s (%d calls)", name, result.error, n)
@@ -372,7 +393,8 @@ class ToolEnv:
                 shorts.append(render_short(outcome.value, n_short))
         tool_reward = 0.0
         for name, results in ran.items():
-            tool_reward += self.tools[name].process_reward(results, ep, self.cfg.reward.process)
+            tool = ep.tools.get(name, self.tools[name])
+            tool_reward += tool.process_reward(results, ep, self.cfg.reward.process)
         observation, short = self.format.format_observation(texts), self.format.format_observation(shorts)
         return observation, short, valid, invalid, tool_reward
 

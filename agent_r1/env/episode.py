@@ -27,6 +27,7 @@ class Episode:
     outcome_reward: float | None = None
     final_turn_rewards: list[float] | None = None  # after finalize_process_rewards
     metrics: dict = field(default_factory=dict)
+    tools: dict = field(default_factory=dict)  # name -> this episode's instance of each per-episode tool
 
 
 def record_list(record: dict, key: str) -> list[str]:

@@ -13,7 +13,10 @@ for the first time); the env adds it to the turn's reward.
 A tool is built from the params by :meth:`Tool.from_params` (by default
 ``cls()``), so ``env.tools`` in ``params.yaml`` can name a user's own
 ``package.module:Name`` subclass; :func:`~agent_r1.env.make.make_env` builds the
-tool set every flow uses. Settings of its own a tool declares as ``Options`` (a
+tool set every flow uses. A tool with state of its own per episode (an
+interpreter whose variables persist between calls) sets ``per_episode``: the env
+then :meth:`~Tool.open`\ s an instance for each episode and closes it as the
+episode ends. Settings of its own a tool declares as ``Options`` (a
 model derived from :class:`agent_r1.config.PluginOptions`); they are written
 under ``env.tool_options.<its name>``, validated by the params check, and given
 to ``from_params`` (the default keeps them as ``self.options``). A tool that
@@ -105,6 +108,9 @@ class Tool(ABC):
     # or None. The env then waits that long beyond env.tool_timeout_s, so a dead backend reports its own
     # named error, and treats an overrun as an infrastructure failure rather than the agent's.
     backend_deadline_s: float | None = None
+    # True when each episode needs an instance of its own (state that carries from one call to the
+    # next, a process to keep): the env calls open() as the episode starts and close() as it ends.
+    per_episode: ClassVar[bool] = False
     # The model of its own settings (env.tool_options.<name>); None: it takes none.
     Options: ClassVar[Any] = None
     # Its settings: env.tool_options.<name> validated by Options (None for a tool without Options).
@@ -155,6 +161,16 @@ class Tool(ABC):
         """
         del results, episode, cfg
         return 0.0
+
+    def open(self, episode: Episode) -> Tool:
+        """This tool for one episode: a ``per_episode`` tool returns a new instance holding that
+        episode's state (which its calls then share); the default is the tool itself."""
+        del episode
+        return self
+
+    def close(self) -> None:
+        """Release what :meth:`open` acquired; called once per opened instance, when its episode
+        ends or the rollout stops early (default: nothing to release)."""
 
     @abstractmethod
     def execute(self, args: dict[str, Any]) -> Any:

@@ -321,10 +321,13 @@ def run_episodes(
         session = engine.open_turns(settings, stop_strings, cfg.seed)
     else:
         session = TurnByTurnSession(engine, settings, stop_strings, cfg.seed)
-    for i, t in enumerate(episodes):
-        session.add(i, t.input_ids)
-    while ended := session.step():
-        _play_ended_turns(session, ended, episodes, env, tokenizer, tools, cfg)
+    try:
+        for i, t in enumerate(episodes):
+            session.add(i, t.input_ids)
+        while ended := session.step():
+            _play_ended_turns(session, ended, episodes, env, tokenizer, tools, cfg)
+    finally:  # a stopped rollout leaves no per-episode tool (an interpreter) running
+        env.release([t.episode for t in episodes if not t.episode.done])
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return TrajectoryBatch.from_sequences([t.as_sequence() for t in episodes], pad_id)

@@ -1,0 +1,47 @@
+"""The python tool in the env: each episode its own interpreter, opened at reset, closed at the end."""
+
+from __future__ import annotations
+
+import pytest
+from test_sandbox import pytestmark, sandbox_processes  # noqa: F401 - the same machine requirement
+
+from agent_r1.config import parse_params
+from agent_r1.env.make import make_env
+
+RECORD = {"id": "q1", "question": "What is 6 * 7?", "answers": ["42"]}
+
+
+def python_env(**tool_options: object):
+    params = parse_params({"env": {"tools": ["python"], "format": "tags", "max_turns": 4,
+                                   "tool_options": {"python": {"call_timeout_s": 2, **tool_options}}}})
+    return make_env(params)
+
+
+def test_each_episode_keeps_its_own_variables_and_its_interpreter_ends_with_it() -> None:
+    env = python_env()
+    a, b = env.reset(RECORD), env.reset({**RECORD, "id": "q2"})
+    assert a.tools["python"] is not b.tools["python"]
+    env.step_batch([a, b], ["<python>x = 6</python>", "<python>x = 7</python>"])
+    results = env.step_batch([a, b], ["<python>print(x * 7)</python>", "<python>x * 6</python>"])
+    assert "42" in results[0].observation and "42" in results[1].observation
+    assert sandbox_processes()  # both interpreters run between turns
+    env.step_batch([a], ["<answer>42</answer>"])
+    assert a.done and a.tools == {} and a.metrics["em"] == 1.0
+    env.release([b])  # a rollout stopped before b ended
+    assert b.tools == {} and sandbox_processes() == []
+
+
+def test_a_timed_out_call_is_an_observation_and_the_episode_goes_on() -> None:
+    env = python_env()
+    ep = env.reset(RECORD)
+    [res] = env.step_batch([ep], ["<python>while True: pass</python>"])
+    assert not res.done and "timed out after 2 s" in res.observation and ep.invalid_calls == 0
+    [res] = env.step_batch([ep], ["<python>6 * 7</python>"])
+    assert "42" in res.observation
+    env.release([ep])
+
+
+def test_a_call_timeout_the_env_would_cut_first_is_refused_naming_the_key() -> None:
+    with pytest.raises(ValueError, match=r"env.tool_options.python.call_timeout_s \(10\) must be less than "
+                                         r"env.tool_timeout_s \(10\)"):
+        python_env(call_timeout_s=10)
