@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from test_sandbox import pytestmark, sandbox_processes  # noqa: F401 - the same machine requirement
 
@@ -45,3 +47,31 @@ def test_a_call_timeout_the_env_would_cut_first_is_refused_naming_the_key() -> N
     with pytest.raises(ValueError, match=r"env.tool_options.python.call_timeout_s \(10\) must be less than "
                                          r"env.tool_timeout_s \(10\)"):
         python_env(call_timeout_s=10)
+
+
+def test_the_code_math_task_is_solved_by_code_through_the_env_and_scored() -> None:
+    """examples/math_code.py from params alone: its problems, the python tool, the numeric reward."""
+    from agent_r1.data.sources import get_source
+    from examples.math_code import collatz_steps, count_primes, problems
+
+    assert count_primes(2, 30) == 10 and collatz_steps(27) == 111  # known values
+    params = parse_params({
+        "data": {"source": "examples.math_code:CodeMathProblems", "options": {"n_train": 10, "n_test": 5}},
+        "env": {"tools": ["python"], "format": "tags", "max_turns": 3,
+                "reward": {"scheme": "examples.arithmetic:numeric_reward"}},
+        "sft": {"enabled": False},
+    })  # fmt: skip
+    questions, _ = get_source(params.data.source, params.data.options).generate(params.data)
+    assert len(questions) == 15 and questions["type"].nunique() == 5
+    assert problems(15, params.data.seed) == problems(15, params.data.seed)  # seeded
+    record = next(r for r in questions.to_dict("records") if r["type"] == "primes")
+    lo, hi = (int(w.rstrip(",")) for w in record["question"].split() if w.rstrip(",").isdigit())
+    env = make_env(params)
+    ep = env.reset(record)
+    program = (f"def is_prime(k):\n    return k > 1 and all(k % d for d in range(2, int(k ** 0.5) + 1))\n"
+               f"sum(map(is_prime, range({lo}, {hi} + 1)))")
+    [res] = env.step_batch([ep], [f"<python>{program}</python>"])
+    printed = re.search(r"\d+", res.observation).group()  # the number inside <information>
+    assert printed == record["answers"][0]
+    env.step_batch([ep], [f"<answer>{printed}</answer>"])
+    assert ep.done and ep.metrics["answered"] and ep.outcome_reward == 1.0, (res.observation, ep.metrics)
