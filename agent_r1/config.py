@@ -29,7 +29,7 @@ from pydantic import (
 )
 
 from agent_r1.paths import REMOTE_INDEX_SCHEMES
-from agent_r1.registry import DATA_SOURCES, ESTIMATORS, FORMATS, REWARDS, TOOLS, Registry, is_plugin, ref_source
+from agent_r1.registry import DATA_SOURCES, ENVS, ESTIMATORS, FORMATS, REWARDS, TOOLS, Registry, is_plugin, ref_source
 
 DEFAULT_PARAMS = Path("params.yaml")
 
@@ -436,6 +436,14 @@ class ContextConfig(_Strict):
 
 
 class EnvConfig(_Strict):
+    name: Annotated[str, AfterValidator(_registered(ENVS))] | None = Field(
+        None,
+        description="a stateful environment (package.module:Name, an AgentEnv subclass: one instance per "
+        "episode, with its own tools); null: the tool env of env.tools (the QA task)",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="the stateful environment's own settings, validated by its Options"
+    )
     format: Annotated[str, AfterValidator(_registered(FORMATS))] = "tags"
     tools: list[Annotated[str, AfterValidator(_registered(TOOLS))]] = Field(
         default_factory=lambda: ["search"],
@@ -477,6 +485,10 @@ class EnvConfig(_Strict):
                     for n in self.tool_options if n not in names]
         for name, ref in zip(names, self.tools):  # a tool without an entry too: its Options may require a key
             problems += _option_problems(f"env.tool_options.{name}", TOOLS, ref, self.tool_options.get(name, {}))
+        if self.name is not None:
+            problems += _option_problems("env.options", ENVS, self.name, self.options)
+        elif self.options:
+            problems.append(f"env.options: only a stateful environment (env.name) takes options, got {self.options}")
         _raise_problems(problems)
         return self
 

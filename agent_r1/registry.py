@@ -16,6 +16,7 @@ in its base class or its built-ins' docstrings:
 registry         params key            object
 ===============  ====================  =================================================
 TOOLS            ``env.tools``         a ``agent_r1.env.tools.Tool`` subclass
+ENVS             ``env.name``          a ``agent_r1.env.agent_env.AgentEnv`` subclass (a stateful env)
 FORMATS          ``env.format``        an ``agent_r1.env.formats.ActionFormat`` subclass
 REWARDS          ``env.reward.scheme`` ``fn(answer, golds, format_valid, cfg) -> float``
 DATA_SOURCES     ``data.source``       an ``agent_r1.data.sources.DataSource`` subclass
@@ -28,7 +29,8 @@ for a built-in and read from the object's attribute of that name for a plugin.
 **Options.** An object may take settings of its own from ``params.yaml``: it declares
 them as a pydantic model in its attribute ``Options`` (derive it from
 ``agent_r1.config.PluginOptions``: unknown keys are errors), metadata like
-``needs_critic``; one without ``Options`` takes none (no built-in declares any).
+``needs_critic``; one without ``Options`` takes none (a built-in that declares some
+names them in ``add``, by reference).
 :meth:`Registry.options` validates the raw mapping into an ``Options`` instance,
 defaults filled in: the params check calls it (a bad option fails naming its key),
 and so does whatever builds the object, which receives that instance:
@@ -222,6 +224,9 @@ class Registry:
 TOOLS = Registry("tool", subclass_of("agent_r1.env.tools:Tool"))
 TOOLS.add("search", "agent_r1.env.tools:SearchTool")
 TOOLS.add("python", "agent_r1.env.python_tool:PythonTool", Options="agent_r1.env.python_tool:PythonToolOptions")
+
+# none built in yet: env.name null is the tool env of the QA task (agent_r1.env.env.ToolEnv)
+ENVS = Registry("environment", subclass_of("agent_r1.env.agent_env:AgentEnv"))
 
 FORMATS = Registry("action format", subclass_of("agent_r1.env.formats:ActionFormat"))
 FORMATS.add("tags", "agent_r1.env.formats:TagFormat")

@@ -5,22 +5,28 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent_r1.config import Params
+from agent_r1.env.agent_env import AgentEnvRunner
 from agent_r1.env.env import ToolEnv
 from agent_r1.env.tools import IndexSource, Tool
-from agent_r1.registry import TOOLS
+from agent_r1.registry import ENVS, TOOLS
 from agent_r1.retrieval import load_index
 from agent_r1.retrieval.base import SearchIndex
 
 
-def make_env(params: Params, index_path: str | Path | None = None, *, index: SearchIndex | None = None) -> ToolEnv:
-    """The :class:`ToolEnv` of ``env.tools`` (each built by its ``Tool.from_params``, with its own
-    ``env.tool_options``) under ``params.env``.
+def make_env(
+    params: Params, index_path: str | Path | None = None, *, index: SearchIndex | None = None
+) -> ToolEnv | AgentEnvRunner:
+    """The environment of ``params.env``: with ``env.name``, its stateful env (one instance per
+    episode, ``env.options`` its settings); else the :class:`ToolEnv` of ``env.tools`` (each built
+    by its ``Tool.from_params``, with its own ``env.tool_options``).
 
     ``index_path`` is where the retrieval index lives (folder or server URL);
     ``index`` an index the caller has already loaded. The index is loaded at most
     once, and only if a tool needs it (``Tool.needs_index``): a tool set without
     search needs neither.
     """
+    if params.env.name is not None:
+        return AgentEnvRunner(ENVS.load(params.env.name), params.env, ENVS.options(params.env.name, params.env.options))
     classes: list[type[Tool]] = [TOOLS.load(name) for name in params.env.tools]
     source: IndexSource = index if index is not None else index_path
     if source is not None and not isinstance(source, SearchIndex) and any(c.needs_index for c in classes):
