@@ -208,40 +208,46 @@ NOTES = {
 }
 
 
+def draw(templates: dict[str, Callable[[random.Random], tuple[str, Any]]], n: int, seed: int) -> list[tuple[str, str, Any]]:
+    """``n`` distinct ``(kind, question, what the template gave)``, seeded, the kinds in turn."""
+    rng, seen, drawn = random.Random(seed), set(), []
+    kinds = sorted(templates)
+    while len(drawn) < n:
+        kind = kinds[len(drawn) % len(kinds)]
+        question, given = templates[kind](rng)
+        if question not in seen:
+            seen.add(question)
+            drawn.append((kind, question, given))
+    return drawn
+
+
 def problems(n: int, seed: int) -> list[dict[str, Any]]:
     """``n`` distinct problems, seeded; each record in the prepared schema but for ``split``."""
-    rng, seen, records = random.Random(seed), set(), []
-    kinds = sorted(TEMPLATES)
-    while len(records) < n:
-        kind = kinds[len(records) % len(kinds)]
-        question, expression = TEMPLATES[kind](rng)
-        if question in seen:
-            continue
-        seen.add(question)
-        answer = format_number(evaluate_expression(expression))
-        records.append({
-            "id": f"{SOURCE}-{len(records):05d}", "question": question, "answers": [answer],
-            "supporting_titles": [], "type": kind, "source": SOURCE, "sub_queries": [expression],
-        })
-    return records
+    return [{
+        "id": f"{SOURCE}-{i:05d}", "question": question, "answers": [format_number(evaluate_expression(expression))],
+        "supporting_titles": [], "type": kind, "source": SOURCE, "sub_queries": [expression],
+    } for i, (kind, question, expression) in enumerate(draw(TEMPLATES, n, seed))]  # fmt: skip
 
 
 class ProblemCounts(PluginOptions):
-    """``data.options`` of :class:`ArithmeticProblems`."""
+    """``data.options`` of a generated problem source."""
 
     n_train: int = Field(400, ge=1, description="training problems")
     n_test: int = Field(100, ge=1, description="test problems")
 
 
 class ArithmeticProblems(DataSource):
-    """Generated word problems: ``data.options.n_train`` / ``n_test`` (:class:`ProblemCounts`), seeded by ``data.seed``."""
+    """Generated word problems: ``data.options.n_train`` / ``n_test`` (:class:`ProblemCounts`), seeded by ``data.seed``.
+    A subclass with its own ``problems``, ``source`` and ``notes`` is another generated task."""
 
     Options = ProblemCounts
+    source, notes = SOURCE, NOTES
+    problems = staticmethod(problems)
 
     def generate(self, data: DataConfig) -> tuple[Any, Any]:
         n_train, n_test = self.options.n_train, self.options.n_test
-        records = problems(n_train + n_test, data.seed)
+        records = self.problems(n_train + n_test, data.seed)
         for i, record in enumerate(records):
             record["split"] = "train" if i < n_train else "test"
-        notes = [{"doc_id": f"{SOURCE}-note-{i}", "title": t, "text": x} for i, (t, x) in enumerate(NOTES.items())]
-        return questions_frame(records, SOURCE), corpus_frame(notes, SOURCE)
+        notes = [{"doc_id": f"{self.source}-note-{i}", "title": t, "text": x} for i, (t, x) in enumerate(self.notes.items())]
+        return questions_frame(records, self.source), corpus_frame(notes, self.source)

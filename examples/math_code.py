@@ -18,11 +18,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import Field
-
-from agent_r1.config import DataConfig, PluginOptions
-from agent_r1.data.schema import corpus_frame, questions_frame
-from agent_r1.data.sources import DataSource
+from examples.arithmetic import ArithmeticProblems, draw
 
 SOURCE = "math_code"
 
@@ -100,37 +96,14 @@ NOTES = {
 
 def problems(n: int, seed: int) -> list[dict[str, Any]]:
     """``n`` distinct problems, seeded, the kinds in turn; each record in the prepared schema but for ``split``."""
-    rng, seen, records = random.Random(seed), set(), []
-    kinds = sorted(TEMPLATES)
-    while len(records) < n:
-        kind = kinds[len(records) % len(kinds)]
-        question, answer = TEMPLATES[kind](rng)
-        if question in seen:
-            continue
-        seen.add(question)
-        records.append({
-            "id": f"{SOURCE}-{len(records):05d}", "question": question, "answers": [str(answer)],
-            "supporting_titles": [], "type": kind, "source": SOURCE, "sub_queries": [],
-        })
-    return records
+    return [{
+        "id": f"{SOURCE}-{i:05d}", "question": question, "answers": [str(answer)],
+        "supporting_titles": [], "type": kind, "source": SOURCE, "sub_queries": [],
+    } for i, (kind, question, answer) in enumerate(draw(TEMPLATES, n, seed))]  # fmt: skip
 
 
-class CodeMathCounts(PluginOptions):
-    """``data.options`` of :class:`CodeMathProblems`."""
-
-    n_train: int = Field(400, ge=1, description="training problems")
-    n_test: int = Field(100, ge=1, description="test problems")
-
-
-class CodeMathProblems(DataSource):
+class CodeMathProblems(ArithmeticProblems):
     """Generated problems that need code: ``data.options.n_train`` / ``n_test``, seeded by ``data.seed``."""
 
-    Options = CodeMathCounts
-
-    def generate(self, data: DataConfig) -> tuple[Any, Any]:
-        n_train, n_test = self.options.n_train, self.options.n_test
-        records = problems(n_train + n_test, data.seed)
-        for i, record in enumerate(records):
-            record["split"] = "train" if i < n_train else "test"
-        notes = [{"doc_id": f"{SOURCE}-note-{i}", "title": t, "text": x} for i, (t, x) in enumerate(NOTES.items())]
-        return questions_frame(records, SOURCE), corpus_frame(notes, SOURCE)
+    source, notes = SOURCE, NOTES
+    problems = staticmethod(problems)
