@@ -437,3 +437,25 @@ def test_the_example_task_trains_through_dvc_from_params_alone(
     status = dvc(repo, "status", "--json").stdout
     changed = set(json.loads(status))
     assert {"prepare", "train@grpo", "evaluate@grpo"} <= changed and "index" not in changed
+
+
+@pytest.mark.slow
+def test_a_plugin_stateful_env_trains_through_dvc_from_params_alone(
+    tmp_path_factory: pytest.TempPathFactory, policy_dir: Path, encoder_dir: Path
+) -> None:
+    """A stateful environment of the user's own (written here into the repo's plugins package: the
+    guess-the-number env and its games), trained and evaluated by `dvc repro` from params alone."""
+    repo = make_repo(
+        tmp_path_factory.mktemp("stateful"), policy_dir, encoder_dir,
+        data__source="plugins.guess:GuessingGames", data__options={"n_train": 24, "n_test": 8},
+        data__val_questions=4, env__name="plugins.guess:GuessNumber", env__options={"high": 20},
+        env__max_turns=3, sft__enabled=False,
+    )  # fmt: skip
+    (repo / "plugins" / "guess.py").write_text((ROOT / "examples" / "guess_number.py").read_text())
+    dvc(repo, "repro", "evaluate@grpo")
+    assert json.loads((repo / "checkpoints/grpo/latest.json").read_text())["step"] == 2
+    outcomes = [json.loads(line) for line in (repo / "outcomes/grpo.jsonl").read_text().splitlines()]
+    assert len(outcomes) == 3 and {o["source"] for o in outcomes} == {"guess"}
+    assert all(o["tool_calls"] >= 1 for o in outcomes)  # every turn is an action the env judged
+    history = (repo / "dvclive/grpo/plots/metrics/train/reward.tsv").read_text().splitlines()
+    assert len(history) == 3
