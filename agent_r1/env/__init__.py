@@ -1,5 +1,7 @@
-"""The agent's environment: tools, action formats, rewards, ToolEnv (Agent-R1's Tool / ToolEnv split) and make_env."""
+"""The agent's environment: tools, action formats, rewards, ToolEnv (Agent-R1's Tool / ToolEnv split),
+stateful environments (AgentEnv, one instance per episode) and make_env."""
 
+from agent_r1.env.agent_env import AgentEnv, AgentEnvRunner, Transition
 from agent_r1.env.env import TERMINATIONS, Episode, StepResult, ToolEnv, render_result
 from agent_r1.env.formats import (
     MAX_CALLS_PER_TURN,
@@ -19,12 +21,18 @@ from agent_r1.env.rewards import (
 )
 from agent_r1.env.tools import SearchTool, Tool, ToolExample
 
+# What the rollout plays: the tool env of the QA task, or the runner of a stateful env (the same interface).
+RolloutEnv = ToolEnv | AgentEnvRunner
+
 __all__ = [
     "MAX_CALLS_PER_TURN",
     "TERMINATIONS",
     "ActionFormat",
+    "AgentEnv",
+    "AgentEnvRunner",
     "Episode",
     "ParsedAction",
+    "RolloutEnv",
     "SearchTool",
     "StepResult",
     "TagFormat",
@@ -33,6 +41,7 @@ __all__ = [
     "ToolCallFormat",
     "ToolEnv",
     "ToolExample",
+    "Transition",
     "exact_match",
     "f1_score",
     "finalize_process_rewards",

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent_r1.config import ContextConfig, RolloutConfig
-from agent_r1.env import Episode, StepResult, ToolEnv
+from agent_r1.env import Episode, RolloutEnv, StepResult
 from agent_r1.rollout.engine import GenerationEngine, GenerationOutput, TurnByTurnSession, TurnSession, TurnSettings
 from agent_r1.rollout.trajectory import TrajectoryBatch
 
@@ -192,7 +192,7 @@ class EpisodeRecord:
         }
 
 
-def _start(env: ToolEnv, tokenizer: Any, record: dict, group_id: int, tools: list[dict] | None,
+def _start(env: RolloutEnv, tokenizer: Any, record: dict, group_id: int, tools: list[dict] | None,
            cfg: RolloutConfig) -> EpisodeRecord:
     """Reset the env for ``record``; the record of the new episode, its prompt rendered from the env's messages."""
     episode = env.reset(record)
@@ -250,7 +250,7 @@ def _history_before_turn(episode: Episode, text: str, res: StepResult) -> list[d
     return episode.messages[:-2]
 
 
-def _managed_context(t: EpisodeRecord, obs_ids: list[int], short_ids: list[int], env: ToolEnv,
+def _managed_context(t: EpisodeRecord, obs_ids: list[int], short_ids: list[int], env: RolloutEnv,
                      cfg: RolloutConfig) -> list[int] | None:
     """``env.context``: the full observation goes on the flat record; the policy is shown the managed context."""
     t.observations.append((obs_ids, short_ids))
@@ -263,7 +263,7 @@ def _managed_context(t: EpisodeRecord, obs_ids: list[int], short_ids: list[int],
     return shown
 
 
-def _next_context(t: EpisodeRecord, out: GenerationOutput, text: str, res: StepResult, env: ToolEnv,
+def _next_context(t: EpisodeRecord, out: GenerationOutput, text: str, res: StepResult, env: RolloutEnv,
                   tokenizer: Any, tools: list[dict] | None, cfg: RolloutConfig) -> list[int] | None:
     """Record a turn's action and its observation; return the context of the episode's next turn,
     or None when the episode is done."""
@@ -287,7 +287,7 @@ def _next_context(t: EpisodeRecord, out: GenerationOutput, text: str, res: StepR
 
 
 def _play_ended_turns(session: TurnSession, ended: list[tuple[int, GenerationOutput]], records: list[EpisodeRecord],
-                      env: ToolEnv, tokenizer: Any, tools: list[dict] | None, cfg: RolloutConfig) -> None:
+                      env: RolloutEnv, tokenizer: Any, tools: list[dict] | None, cfg: RolloutConfig) -> None:
     """Hand the turns that ended to the env together (their tool calls run as one batch); give the
     session each episode's next context, or drop the episode when it is done."""
     texts = [tokenizer.decode(out.token_ids, skip_special_tokens=True) for _, out in ended]
@@ -302,7 +302,7 @@ def _play_ended_turns(session: TurnSession, ended: list[tuple[int, GenerationOut
 
 def run_episodes(
     engine: GenerationEngine,
-    env: ToolEnv,
+    env: RolloutEnv,
     tokenizer: Any,
     records: list[dict],
     cfg: RolloutConfig,
