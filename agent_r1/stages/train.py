@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import shlex
 import subprocess
 import sys
@@ -95,6 +96,8 @@ def train(
     if is_rank0():
         # seconds (of this process: a resumed run's last part) is what `make paper` estimates from
         summary["seconds"] = round(time.monotonic() - started, 1)
+        # this rank's peak resident memory (the process's high-water mark, KiB on Linux)
+        summary["peak_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20), 2)
         write_json(metrics or paths.TRAIN_METRICS_DIR / f"{experiment}.json", {"experiment": experiment, "init": exp.init, **summary})
     shutdown_distributed()
 
