@@ -265,11 +265,12 @@ def test_train_rl_with_lora_syncs_checkpoints_resumes_and_exports_the_merged_mod
     assert torch.equal(moved["model.embed_tokens.weight"], init["model.embed_tokens.weight"])  # not adapted
 
 
-# ZeRO-2 in the slow suite (20 s of `make test`): 2-rank ZeRO-2 updates are checked against one rank in
-# test_deepspeed_ranks.py and its weight sync in test_weight_sync.py; ZeRO-3 runs the whole loop here,
-# with LoRA in the slow suite (test_lora.py checks the merged sync buckets on one rank).
-@pytest.mark.parametrize("stage,lora", [pytest.param(2, False, marks=pytest.mark.slow), (3, False),
-                                        pytest.param(3, True, marks=pytest.mark.slow)], ids=["zero2", "zero3", "zero3-lora"])
+# All in the slow suite (20-60 s each of `make test`): two ranks are checked in `make test` by
+# test_deepspeed_ranks.py (ZeRO-2 updates against one rank, kill -9 and resume) and test_weight_sync.py
+# (each rank's engine gets the full weights, ZeRO-2 and ZeRO-3); ZeRO-3 on one rank by test_training_infra.py;
+# test_lora.py checks the merged sync buckets on one rank.
+@pytest.mark.slow
+@pytest.mark.parametrize("stage,lora", [(2, False), (3, False), (3, True)], ids=["zero2", "zero3", "zero3-lora"])
 def test_train_rl_on_two_ranks(stage: int, lora: bool, world, tiny_policy: Path, tmp_path: Path) -> None:
     """The whole RL loop under the deepspeed launcher: 2 CPU ranks, ZeRO-2 and ZeRO-3
     (weights gathered from shards for the rollout engine, merged when LoRA trains), checkpoint and export."""
