@@ -49,3 +49,13 @@ def encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("models") / "encoder"
     prepare_encoder(EncoderConfig(), out)
     return out
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory: pytest.TempPathFactory):
+    """One real `prefect server start` for every test that needs a server (each start costs ~15 s):
+    ``(API URL, the environment it runs with)``."""
+    from test_schedule import prefect_server
+
+    with prefect_server(tmp_path_factory.mktemp("prefect-server")) as api_env:
+        yield api_env

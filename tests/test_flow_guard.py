@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_schedule import POLLS, prefect_server, wait_for
+from test_schedule import POLLS, wait_for
 
 from tasks.dvc_stage import stage_env
 
@@ -91,33 +91,33 @@ def cmdline(pid: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def flow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.Popen, Path, dict[str, str]]]:
-    """`python -m flows.pipeline slow` running in a tiny repo, its stage holding."""
+def flow(tmp_path_factory: pytest.TempPathFactory, prefect_api) -> Iterator[tuple[subprocess.Popen, Path, dict[str, str]]]:
+    """`python -m flows.pipeline slow` running in a tiny repo, its stage holding (the session's Prefect server)."""
     folder = tmp_path_factory.mktemp("guard")
     repo = tiny_repo(folder / "repo")
     (repo / "hold").touch()
-    with prefect_server(folder) as (api, server_env):
-        env = {**server_env, "PREFECT_API_URL": api, "PYTHONPATH": str(ROOT)}
-        log = open(folder / "flow.log", "w")
-        first = subprocess.Popen([sys.executable, "-m", "flows.pipeline", "slow", "--repo", str(repo)],
-                                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            wait_for(lambda: (repo / "child.pid").exists() and (repo / "heartbeat").exists(),
-                     "the stage to start", first)
-            yield first, repo, env
-        finally:
-            first.kill()
-            first.wait()
-            log.close()
-            # the old flow left orphans: end them here, not let them hold the repo for 10 min
-            leftovers = [int(p) for p in (repo / "starts.log").read_text().split()] if (repo / "starts.log").exists() else []
-            if (repo / "child.pid").exists():
-                leftovers.append(int((repo / "child.pid").read_text()))
-            for pid in leftovers:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+    api, server_env = prefect_api
+    env = {**server_env, "PREFECT_API_URL": api, "PYTHONPATH": str(ROOT)}
+    log = open(folder / "flow.log", "w")
+    first = subprocess.Popen([sys.executable, "-m", "flows.pipeline", "slow", "--repo", str(repo)],
+                             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: (repo / "child.pid").exists() and (repo / "heartbeat").exists(),
+                 "the stage to start", first)
+        yield first, repo, env
+    finally:
+        first.kill()
+        first.wait()
+        log.close()
+        # the old flow left orphans: end them here, not let them hold the repo for 10 min
+        leftovers = [int(p) for p in (repo / "starts.log").read_text().split()] if (repo / "starts.log").exists() else []
+        if (repo / "child.pid").exists():
+            leftovers.append(int((repo / "child.pid").read_text()))
+        for pid in leftovers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def test_a_second_run_fails_at_once_naming_the_running_one(flow) -> None:

@@ -81,10 +81,9 @@ def prefect_server(folder: Path) -> Iterator[tuple[str, dict[str, str]]]:
         log.close()
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
-    with prefect_server(tmp_path_factory.mktemp("prefect-server")) as api_env:
-        yield api_env
+@pytest.fixture
+def server(prefect_api: tuple[str, dict[str, str]]) -> tuple[str, dict[str, str]]:
+    return prefect_api  # the session's server (conftest.py)
 
 
 def deployments(api: str, name: str) -> list | None:
