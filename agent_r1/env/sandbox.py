@@ -72,6 +72,7 @@ class PythonSandbox:
     def __init__(self, limits: SandboxLimits = SandboxLimits()):
         self.limits = limits
         self.proc: subprocess.Popen | None = None
+        self.init_pid: int | None = None  # the PID namespace's init, as the host numbers it
         self.reply_fd = -1
 
     def run(self, code: str) -> RunResult:
@@ -122,7 +123,10 @@ class PythonSandbox:
         finally:
             os.close(reply_w)
         self.reply_fd = reply_r
-        hello = self._read_reply(deadline=time.monotonic() + 60)
+        deadline = time.monotonic() + 60
+        init = self._read_reply(deadline)
+        self.init_pid = init.get("init") if init else None
+        hello = self._read_reply(deadline) if self.init_pid else init
         if hello is None or not hello.get("ready"):
             why = hello.get("error") if hello else f"it exited with code {self._exit_code()}"
             self.close()
@@ -160,11 +164,20 @@ class PythonSandbox:
     def close(self) -> None:
         """Kill the interpreter and everything it started (its namespace's PID 1 dies with it)."""
         if self.proc is not None:
+            if self.init_pid and self.proc.poll() is None:  # alive: it has not reaped init, so the pid is init's
+                # the namespace's init first: the bootstrap exits once it is reaped, and the kernel
+                # reaps a namespace's init only after every other process in it is gone
+                try:
+                    os.kill(self.init_pid, signal.SIGKILL)
+                    self.proc.wait(timeout=10)
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    pass
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
             self.proc.wait()
+            self.init_pid = None
             if self.proc.stdin:
                 try:
                     self.proc.stdin.close()

@@ -262,6 +262,7 @@ def main() -> None:
         os.close(alive_w)
         namespace_init(limits, in_user_namespace, alive_r)
     os.close(alive_r)  # alive_w stays open as long as this process lives
+    send({"init": init})  # the parent ends the sandbox by killing it: its exit waits for the namespace to empty
     _, status = os.waitpid(init, 0)
     exit_like(status)
 
