@@ -102,6 +102,8 @@ def mount(source: str, target: str, fstype: str | None, flags: int, data: str | 
 def private_filesystem(limits: dict) -> None:
     """Run as PID 1 of the new namespace: private tmpfs where anyone may write, this namespace's /proc."""
     mount("none", "/", None, MS_REC | MS_PRIVATE)
+    # held open first: a library under /tmp (a venv there) is hidden once the private /tmp is mounted
+    libraries = [os.open(path, os.O_RDONLY | os.O_DIRECTORY) for path in limits["paths"]]
     for target in ("/tmp", "/var/tmp", "/dev/shm"):
         if os.path.isdir(target):
             mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"size={limits['file_mb'] * 4}m,mode=1777")
@@ -110,8 +112,9 @@ def private_filesystem(limits: dict) -> None:
     for i, path in enumerate(limits["paths"]):  # e.g. under /root (mode 700): bound where its user can read
         target = f"/tmp/.lib/{i}"
         os.makedirs(target)
-        mount(path, target, None, MS_BIND | MS_REC)
+        mount(f"/proc/self/fd/{libraries[i]}", target, None, MS_BIND | MS_REC)
         mount("none", target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        os.close(libraries[i])
 
 
 def rebase_imports(paths: list[str]) -> None:
