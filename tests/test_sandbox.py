@@ -163,3 +163,25 @@ def test_the_code_killing_its_own_interpreter_is_a_crash_the_run_survives(box: P
         result = box.run(code)
         assert result.status in ("crashed", "timeout") and "next call starts afresh" in result.output, (code, result)
         assert box.run("'alive'").output == "'alive'\n"
+
+
+def test_two_replies_already_in_the_pipe_are_read_one_at_a_time() -> None:
+    """The bootstrap's and the interpreter's start replies can both be waiting when the caller
+    first reads (a loaded machine): reading the first must leave the second in the pipe."""
+    import json
+    import struct
+    import time
+
+    box = PythonSandbox()
+    read_end, write_end = os.pipe()
+    try:
+        for message in ({"init": 7}, {"ready": True}):
+            data = json.dumps(message).encode()
+            os.write(write_end, struct.pack(">I", len(data)) + data)
+        box.reply_fd = read_end
+        deadline = time.monotonic() + 5
+        assert box._read_reply(deadline) == {"init": 7}
+        assert box._read_reply(deadline) == {"ready": True}
+    finally:
+        os.close(write_end)
+        box.close()  # closes read_end

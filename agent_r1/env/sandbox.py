@@ -140,7 +140,8 @@ class PythonSandbox:
             wait = deadline - time.monotonic()
             if wait <= 0 or not select.select([self.reply_fd], [], [], wait)[0]:
                 return None
-            chunk = os.read(self.reply_fd, 1 << 16)
+            # never past this reply: the next one (init's, then the interpreter's) may already be in the pipe
+            chunk = os.read(self.reply_fd, min(need - len(buf), 1 << 16))
             if not chunk:
                 return None
             buf += chunk
