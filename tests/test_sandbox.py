@@ -3,8 +3,11 @@ exhaust the machine or lose the run, and names what stops it."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -113,9 +116,9 @@ def test_no_network_not_even_the_hosts_loopback(box: PythonSandbox) -> None:
 
 
 def test_writes_outside_its_directory_are_refused_and_its_tmp_is_private(box: PythonSandbox, tmp_path: Path) -> None:
-    """Stopped by: an unprivileged user of its own (the repository, /root are not writable) and
+    """Stopped by: an unprivileged user of its own (the repository, the caller's home are not writable) and
     private tmpfs at /tmp, /var/tmp and /dev/shm."""
-    for target in (ROOT / "escaped.txt", Path("/root/escaped.txt"), Path("/etc/escaped.txt")):
+    for target in (ROOT / "escaped.txt", Path.home() / "escaped.txt", Path("/etc/escaped.txt")):
         result = box.run(f"open({str(target)!r}, 'w').write('x')")
         # refused, or not even there (a repository under /tmp is hidden by the private /tmp)
         assert result.status == "error" and ("PermissionError" in result.output or "FileNotFoundError" in result.output), (target, result.output)
@@ -168,10 +171,6 @@ def test_the_code_killing_its_own_interpreter_is_a_crash_the_run_survives(box: P
 def test_two_replies_already_in_the_pipe_are_read_one_at_a_time() -> None:
     """The bootstrap's and the interpreter's start replies can both be waiting when the caller
     first reads (a loaded machine): reading the first must leave the second in the pipe."""
-    import json
-    import struct
-    import time
-
     box = PythonSandbox()
     read_end, write_end = os.pipe()
     try:
