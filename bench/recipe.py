@@ -12,7 +12,7 @@ checkpoints live under ``build/recipe/``): run the command again after a kill.
         lora8-1e-4=train.lora.rank=8,train.actor_lr=1e-4
 
 Writes ``bench/results/recipe.json`` (every side's validation EM at each
-evaluation, the training minutes before it, the machine) and
+evaluation, the training minutes before it, the machine it ran on) and
 ``bench/results/recipe.png``: EM against minutes, beside the learning curve
 committed in ``paper/`` (the old recipe on the old code), whose step 0 (the
 warm start's validation EM) every side shares.
@@ -80,7 +80,8 @@ def plot(sides: dict[str, dict], curve: list[dict[str, float]], path: Path) -> N
             label="learning curve (full fine-tune, lr 1e-5, before prefix sharing)")
     for name, side in sides.items():
         pts = side["points"]
-        ax.plot([p["minutes"] for p in pts], [p["em"] for p in pts], marker="o", label=name)
+        where = side.get("machine", {}).get("cpu", "?").replace("(R)", "")
+        ax.plot([p["minutes"] for p in pts], [p["em"] for p in pts], marker="o", label=f"{name} ({where})")
     ax.axhline(0.49, color="grey", lw=0.8, ls=":")
     ax.axvline(40, color="grey", lw=0.8, ls=":")
     ax.set_xlabel("training minutes (rollout + update, 2 CPU cores)")
@@ -105,8 +106,8 @@ def main() -> None:
         name, _, spec = side.partition("=")
         sets = spec.split(",") if spec else []
         live = train_side(name, sets, args.steps, args.eval_every, args.eval_questions)
-        results["sides"][name] = {"sets": sets, "steps": args.steps, "points": curve_points(live, start_em)}
-        results["machine"] = machine()
+        results["sides"][name] = {"sets": sets, "steps": args.steps, "points": curve_points(live, start_em),
+                                  "machine": machine()}  # sides may run on different machines: minutes are each one's
         args.out.write_text(json.dumps(results, indent=2) + "\n")  # after each side: a kill loses no finished one
         print(json.dumps(results["sides"][name]["points"]), flush=True)
     curve = curve_points(CURVE, start_em)
