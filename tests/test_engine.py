@@ -213,3 +213,35 @@ def test_the_continuous_session_plays_turns_as_generate_does(fp32: TransformersE
     second = play(session)
     assert sorted(second) == [0, 1]
     assert second[0].token_ids == alone(extended) and second[1].token_ids == alone(prompts[2])
+
+
+def test_episodes_with_the_same_context_are_prefilled_once(fp32: TransformersEngine) -> None:
+    """Two episodes whose whole contexts are the same (a group's samples that searched alike and
+    got the same documents) are prefilled once when they come back, and each still plays its turn
+    as ``generate`` does; a third with another context is prefilled on its own."""
+    from agent_r1.rollout.engine import TurnSettings
+
+    def play(session) -> dict:
+        ended = {}
+        while turns := session.step():
+            ended.update(turns)
+        return ended
+
+    same, other = prompt_ids(fp32, QUESTIONS[0]), prompt_ids(fp32, QUESTIONS[1])
+    session = fp32.open_turns(TurnSettings(max_new_tokens=6, max_total_tokens=512, temperature=0.0, top_p=1.0, slots=3))
+    for key, prompt in enumerate([same, same, other]):
+        session.add(key, prompt)
+    first = play(session)
+    assert first[0].token_ids == first[1].token_ids
+    observation = fp32.tokenizer("\n<|im_start|>user\nAnd Italy?<|im_end|>\n<|im_start|>assistant\n",
+                                 add_special_tokens=False)["input_ids"]
+    contexts = {k: p + first[k].token_ids + observation for k, p in enumerate([same, same, other])}
+    fp32.stats = dict.fromkeys(fp32.stats, 0)
+    for key, context in contexts.items():
+        session.add(key, context)
+    second = play(session)
+    new = len(observation) + 1  # the last sampled token of turn 1 was never fed
+    assert fp32.stats["prefill_tokens"] == 2 * new  # not 3: episodes 0 and 1 share one row's prefill
+    assert fp32.stats["row_tokens"] == 3 * new + fp32.stats["decode_tokens"]  # each got every token's KV
+    assert sorted(second) == [0, 1, 2]
+    assert all(second[k].token_ids == fp32.generate([c], 6, temperature=0)[0].token_ids for k, c in contexts.items())

@@ -12,7 +12,9 @@ turn waits for its slowest episode. Here an episode is a *slot*:
   and the observation) are prefilled on top of it;
 * the first prompts are deduplicated (the ``n`` samples of a question share one
   prompt) and their common prefix (system prompt, one-shot example) is run
-  once, so a group's prompt is prefilled once;
+  once, so a group's prompt is prefilled once; later, episodes whose whole
+  contexts are the same (a group's samples that made the same search and got the
+  same documents) are prefilled once too;
 * when the scheduler replaces an episode's context (older observations
   shortened, ``env.context``), its cache is cut to the prefix the new context
   shares with the old one and the rest is prefilled;
@@ -290,7 +292,11 @@ class ContinuousSession(TurnSession):
         return cache, mask, torch.tensor([n + len(s) for _, n, s in items], device=mask.device), logits
 
     def _admit(self, chosen: list[Hashable]) -> _Rows:
-        """Prefill the waiting episodes ``chosen``: fresh prompts deduplicated, resumed ones on their cache."""
+        """Prefill the waiting episodes ``chosen``: fresh prompts deduplicated, resumed ones on their cache.
+
+        Episodes whose whole context is the same (a group's samples that made the same
+        first search, got the same documents back) are prefilled once: one item, its
+        cache row copied to each of them."""
         episodes = self.episodes
         fresh = [i for i in chosen if episodes[i].kv is None]
         resumed = [i for i in chosen if episodes[i].kv is not None]
@@ -303,10 +309,14 @@ class ContinuousSession(TurnSession):
             prefix, n = self._shared_prefix([list(p) for p in unique])
             items += [(prefix, n, list(p[n:])) for p in unique]
             order += [unique[tuple(episodes[i].tokens)] for i in fresh]
+        same: dict[tuple[int, ...], int] = {}  # a context already among the items: its row is copied
         for i in resumed:
             ep = episodes[i]
-            order.append(len(items))
-            items.append((ep.kv, ep.n_cached, ep.tokens[ep.n_cached :]))
+            context = tuple(ep.tokens)
+            if context not in same:
+                same[context] = len(items)
+                items.append((ep.kv, ep.n_cached, ep.tokens[ep.n_cached :]))
+            order.append(same[context])
             ep.kv = None  # the running batch holds it now
         cache, mask, next_pos, logits = self._prefill(items)
         index = torch.tensor(order, dtype=torch.long, device=mask.device)
