@@ -601,7 +601,7 @@ class LoRAConfig(_Strict):
 
 
 class TrainConfig(_Strict):
-    steps: int = Field(10, ge=0, description="RL steps (one rollout batch each)")
+    steps: int = Field(40, ge=0, description="RL steps (one rollout batch each)")
     questions_per_step: int = Field(6, ge=1, description="questions per step; x rollout.n trajectories")
     ppo_epochs: int = Field(1, ge=1)
     mini_batch_size: int = Field(24, ge=1, description="trajectories per optimizer step")
@@ -619,7 +619,7 @@ class TrainConfig(_Strict):
     )
     lora: LoRAConfig | None = Field(
         None, description="null: full fine-tuning of the actor; else LoRA adapters (rank, alpha, target_modules), "
-        "merged into the weights the rollout engine samples with and into the exported model"
+        "merged into the weights the rollout engine samples with and into the exported model (then actor_lr ~2e-4)"
     )
     actor_lr: float = Field(1e-5, gt=0.0)
     critic_lr: float = Field(1e-5, gt=0.0)
@@ -642,8 +642,8 @@ class TrainConfig(_Strict):
     # Only launchers that hand each rank RANK/LOCAL_RANK qualify: openmpi, slurm and mvapich do not, and a
     # rank without LOCAL_RANK takes itself for the stage and launches again.
     launcher: Literal["pdsh", "mpich", "impi"] = Field("pdsh", description="with a hostfile: how ranks reach the other nodes")
-    save_every: int = Field(5, ge=1, description="checkpoint every N steps")
-    eval_every: int = Field(5, ge=1, description="greedy eval on the validation split every N steps (eval/* metrics)")
+    save_every: int = Field(10, ge=1, description="checkpoint every N steps")
+    eval_every: int = Field(10, ge=1, description="greedy eval on the validation split every N steps (eval/* metrics)")
     eval_questions: int = Field(40, ge=1, description="validation questions for the in-training eval")
     seed: Seed = 0
 

@@ -41,7 +41,8 @@ def rollout_params(**train: object) -> Params:
     return p.model_copy(update={
         "rollout": p.rollout.model_copy(update={"n": 2, "max_new_tokens": 24}),
         "env": p.env.model_copy(update={"max_turns": 2}),
-        "train": p.train.model_copy(update={"mini_batch_size": 4, **train}),
+        # full fine-tuning (the exact changes are checked on every parameter's gradient), at its learning rate
+        "train": p.train.model_copy(update={"mini_batch_size": 4, "lora": None, "actor_lr": 1e-5, **train}),
     })  # fmt: skip
 
 

@@ -97,7 +97,7 @@ def test_a_packed_rl_step_updates_like_the_padded_one(tmp_path: Path) -> None:
         p = Params()
         params = p.model_copy(update={
             "train": p.train.model_copy(update={"mini_batch_size": 8, "micro_batch_tokens": 64, "bf16": False,
-                                                "pack": pack, "actor_lr": 1e-3}),
+                                                "pack": pack, "actor_lr": 1e-3, "lora": None}),
             "algorithm": p.algorithm.model_copy(update={"entropy_coef": 0.01, "kl_coef": 0.001}),  # every loss term
         })  # fmt: skip
         models = build_models(params, tmp_path / "tiny")

@@ -133,6 +133,8 @@ def test_rollout_engines() -> None:
     p = default_params()
     shared = parts(estimate(p, SMOL, CPU))
     assert not any(k.startswith("rollout engine") for k in shared)  # samples with the actor's own tensors
+    merged = parts(estimate(default_params("train.lora.rank=8"), SMOL, CPU))  # LoRA: the merged weights, a copy
+    assert merged["rollout engine weights (own copy, float32)"] == 4 * memory_plan.n_params(SMOL)
     assert shared["rollout KV cache (32 episodes × 1024 tokens)"] == 32 * 1024 * 2 * 30 * 3 * 64 * 4
     own = parts(estimate(with_key(p, "rollout.dtype", "bfloat16"), SMOL, CPU))
     assert own["rollout engine weights (own copy, bfloat16)"] == 2 * memory_plan.n_params(SMOL)

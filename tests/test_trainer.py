@@ -54,7 +54,7 @@ def tiny_params(**train: object) -> Params:
         "rollout": p.rollout.model_copy(update={"n": 2, "max_new_tokens": 12, "max_total_tokens": 600}),
         "train": p.train.model_copy(update={"steps": 2, "questions_per_step": 2, "mini_batch_size": 4,
                                             "save_every": 1, "eval_every": 2, "micro_batch_tokens": 512,
-                                            "bf16": False, **train}),
+                                            "bf16": False, "lora": None, **train}),  # full fine-tuning unless given
         "sft": p.sft.model_copy(update={"n_demos": 4, "batch_size": 2}),
         # a KL term (params.yaml has none on CPU), so every run here builds and checkpoints the reference too
         "algorithm": p.algorithm.model_copy(update={"kl_coef": 0.001}),
