@@ -142,7 +142,11 @@ def test_paper_presets_file_is_valid_and_covers_the_paper() -> None:
     base = params.experiments["grpo-base"]
     assert base.init == "base" and experiment_params(params, "grpo-base").env.one_shot
     # every preset of the paper's tables and the base-model run have >= 3 seeds; the budget is shared
-    table = [*names.keys() - {"grpo-step", "grpo-step-last1", "ppo-step", "grpo-no-process", "grpo-process-at-end"}]
+    lora = experiment_params(params, "grpo-lora").train  # the recipe's alternative, one preset away
+    assert lora.lora is not None and lora.lora.rank == 8 and lora.actor_lr == 2e-4
+    assert experiment_params(params, "grpo").train.lora is None  # the recipe: full fine-tuning
+    extras = {"grpo-step", "grpo-step-last1", "ppo-step", "grpo-no-process", "grpo-process-at-end", "grpo-lora"}
+    table = [*names.keys() - extras]
     assert all(len(params.experiments[n].seeds) >= 3 for n in table) and len(table) == 9
     assert len({experiment_params(params, n).train.steps for n in params.experiments}) == 1
 

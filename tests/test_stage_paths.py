@@ -68,7 +68,8 @@ def test_training_stages_are_found_with_their_steps_and_curves() -> None:
     """What the flow's progress artifact follows, for every kind of stage that trains."""
     from tasks.dvc_stage import training_target
 
-    assert training_target("train@grpo", ROOT) == (10, ROOT / "dvclive" / "grpo", "grpo")
+    steps = yaml.safe_load((ROOT / "params.yaml").read_text())["train"]["steps"]
+    assert training_target("train@grpo", ROOT) == (steps, ROOT / "dvclive" / "grpo", "grpo")
     budget = yaml.safe_load((ROOT / "paper" / "presets.yaml").read_text())["overrides"]["train"]["steps"]
     assert training_target("paper/dvc.yaml:run@grpo-no-loss-mask-2", ROOT) == (
         budget, ROOT / "paper" / "dvclive" / "grpo-no-loss-mask.seed2", "grpo-no-loss-mask")
