@@ -320,7 +320,7 @@ class ContinuousSession(TurnSession):
             ep.kv = None  # the running batch holds it now
         cache, mask, next_pos, logits = self._prefill(items)
         index = torch.tensor(order, dtype=torch.long, device=mask.device)
-        if order != list(range(len(items))):  # duplicated prompts: one cache row per episode
+        if order != list(range(len(items))):  # duplicated prompts or contexts: one cache row per episode
             cache.batch_select_indices(index)
         rows = _Rows(cache, mask.index_select(0, index), next_pos.index_select(0, index), logits.index_select(0, index),
                      fresh + resumed, [True] * len(order))
