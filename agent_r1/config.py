@@ -799,6 +799,14 @@ def _check_context(params: "Params") -> None:
             "env.context shortens earlier observations, which a flat trajectory (one sequence of the full "
             "history) cannot record: set algorithm.representation: step, or env.context.keep_last/max_tokens: null"
         )
+    if params.env.name is None or not ENVS.load(params.env.name).rewrites_context:
+        return
+    if ctx.managed:
+        raise ValueError(f"env.context: env.name {params.env.name!r} rewrites the context itself; "
+                         "set env.context.keep_last and max_tokens to null")
+    if params.algorithm.representation == "flat" and not params.experiments:
+        raise ValueError(f"env.name {params.env.name!r} rewrites the context between turns, which a flat "
+                         "trajectory cannot record: set algorithm.representation: step")
 
 
 def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

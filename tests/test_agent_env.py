@@ -9,6 +9,7 @@ import torch
 from agent_r1.config import ParamsError, parse_params
 from agent_r1.env.agent_env import AgentEnvRunner
 from agent_r1.env.make import make_env
+from agent_r1.rollout import GenerationEngine, GenerationOutput
 from examples.guess_number import GuessNumber
 
 GUESS = {"env": {"name": "examples.guess_number:GuessNumber", "options": {"high": 100}, "max_turns": 8}}
@@ -86,3 +87,70 @@ def test_the_rollout_plays_a_stateful_env_and_puts_its_rewards_on_each_turns_las
     last_actions = [int(i) for i in torch.nonzero(mask).flatten() if i + 1 == len(mask) or mask[i + 1] == 0]
     assert len(last_actions) == 2 and rewards[last_actions[1]] == pytest.approx(2**-0.5)
     assert float(rewards.abs().sum()) == pytest.approx(2**-0.5)
+
+
+class InOrder(GenerationEngine):
+    """One episode's replies in order, whatever its context (a rewritten one is no prefix of the last)."""
+
+    def __init__(self, tokenizer, replies: list[str]):  # noqa: ANN001 - a tokenizer
+        self.replies = [tokenizer(r, add_special_tokens=False)["input_ids"] for r in replies]
+        self.calls: list[tuple[list[int], int, GenerationOutput]] = []
+
+    def generate(self, prompts, max_new_tokens, temperature=1.0, top_p=1.0, stop_strings=(), seed=None):  # noqa: ANN001, ANN201
+        [prompt] = prompts
+        ids = self.replies[len(self.calls)]
+        out = GenerationOutput(list(ids), [-0.1] * len(ids), "stop")
+        self.calls.append((list(prompt), len(ids), out))
+        return [out]
+
+
+class SummarisedGuessing(GuessNumber):
+    """Guess the number, shown between turns only the task and a one-line summary of the guesses so far."""
+
+    rewrites_context = True
+
+    def reset(self, record: dict) -> str:
+        self.task, self.notes = super().reset(record), []
+        return self.task
+
+    def step(self, action):  # noqa: ANN001, ANN201 - the base's signature
+        t = super().step(action)
+        self.notes.append(f"{action.calls[0].arguments['number']}: {t.observation}")
+        if len(self.notes) >= 2:  # from the second turn on, the history is a summary
+            t.context = [{"role": "user", "content": f"{self.task}\nSo far: {'; '.join(self.notes)}"}]
+        return t
+
+
+def test_an_env_that_rewrites_the_context_is_shown_it_and_its_steps_train_on_it(policy_dir, monkeypatch) -> None:
+    """Turn 3 is generated after the env's summary (not the history); the flat record keeps every
+    turn; the steps' prompts are the contexts as shown; and such an env trains only as steps."""
+    import random
+    import sys
+
+    from transformers import AutoTokenizer
+
+    from agent_r1.rollout import run_episodes
+    from agent_r1.rollout.steps import steps_from_trajectories
+
+    monkeypatch.setitem(sys.modules, "summarised_guessing", sys.modules[__name__])
+    env_params = {"name": "summarised_guessing:SummarisedGuessing", "options": {"high": 100}, "max_turns": 4}
+    with pytest.raises(ParamsError, match=r"rewrites the context.*representation: step"):
+        parse_params({"env": env_params, "experiments": {}})
+    params = parse_params({"env": env_params, "rollout": {"n": 1, "continuous": False},
+                           "algorithm": {"representation": "step"}})
+    secret = random.Random("g3").randint(1, 100)
+    guesses = [1 if secret != 1 else 2, 100 if secret != 100 else 99, secret]
+    tokenizer = AutoTokenizer.from_pretrained(policy_dir)
+    engine = InOrder(tokenizer, [f"<guess>{g}</guess>" for g in guesses])
+    batch = run_episodes(engine, make_env(params), tokenizer, [{"id": "g3", "question": "q", "answers": ["?"]}],
+                         params.rollout)
+    assert batch.info[0]["em"] == 1.0 and batch.info[0]["turns"] == 3
+    prompts = [tokenizer.decode(p) for p, _, _ in engine.calls]
+    flat = tokenizer.decode(batch.input_ids[0][batch.attention_mask[0].bool()])
+    acted = "assistant\n<guess>"
+    assert "So far" not in prompts[1] and prompts[1].count(acted) == 1  # turn 2: the history as it grew
+    assert "So far: " in prompts[2] and acted not in prompts[2]  # turn 3: the summary only
+    assert "So far" not in flat and flat.count(acted) == 3  # the flat record: the whole history
+    steps = steps_from_trajectories(batch)
+    assert [steps.input_ids[k, : int(steps.prompt_length[k])].tolist() for k in range(3)] == [
+        p for p, _, _ in engine.calls]

@@ -75,3 +75,21 @@ def test_the_code_math_task_is_solved_by_code_through_the_env_and_scored() -> No
     assert printed == record["answers"][0]
     env.step_batch([ep], [f"<answer>{printed}</answer>"])
     assert ep.done and ep.metrics["answered"] and ep.outcome_reward == 1.0, (res.observation, ep.metrics)
+
+
+def state_reward(answer, golds, format_valid, cfg, episode):  # noqa: ANN001, ANN201 - a reward plugin's signature
+    """Success is a state: the interpreter's variable ``result``, read before the episode's tools close."""
+    shown = episode.tools["python"].execute({"code": "print(result)"})
+    return float(shown.strip() == golds[0]) + 0.01 * len(episode.messages)
+
+
+def test_a_reward_that_reads_the_episode_sees_its_interpreter_still_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(__import__("sys").modules, "state_reward_plugin", __import__("sys").modules[__name__])
+    params = parse_params({"env": {"tools": ["python"], "format": "tags", "max_turns": 4,
+                                   "reward": {"scheme": "state_reward_plugin:state_reward"}}})
+    env = make_env(params)
+    ep = env.reset(RECORD)
+    env.step_batch([ep], ["<python>result = 6 * 7</python>"])
+    env.step_batch([ep], ["<answer>done</answer>"])  # the answer string is not what is scored
+    assert ep.outcome_reward == pytest.approx(1.0 + 0.01 * len(ep.messages)) and ep.tools == {}
+    assert sandbox_processes() == []  # closed after the reward read it

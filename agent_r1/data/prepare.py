@@ -28,9 +28,12 @@ SPLITS: tuple[str, ...] = ("train", "test")  # what a source assigns; prepare th
 PREPARED_SPLITS: tuple[str, ...] = ("train", "val", "test")
 
 
-def load_questions_and_corpus(data: DataConfig, raw_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Questions (``split``: train / val / test) and corpus for ``data.source`` (+ ``data.test_only``)."""
-    questions, corpus = _source_questions_and_corpus(data, raw_dir)
+def load_questions_and_corpus(
+    data: DataConfig, raw_dir: Path, files_into: Path | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Questions (``split``: train / val / test) and corpus for ``data.source`` (+ ``data.test_only``);
+    with ``files_into``, the files the questions refer to (a game per record) are written there."""
+    questions, corpus = _source_questions_and_corpus(data, raw_dir, files_into)
     return carve_validation(questions, data.val_questions, data.seed), corpus
 
 
@@ -51,20 +54,28 @@ def carve_validation(questions: pd.DataFrame, per_source: int, seed: int) -> pd.
     return out
 
 
-def _source_questions_and_corpus(data: DataConfig, raw_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Questions (split train / test) and corpus, as the sources give them."""
+def _source_questions_and_corpus(
+    data: DataConfig, raw_dir: Path, files_into: Path | None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Questions (split train / test) and corpus, as the sources give them (and their files)."""
     downloaded = data.downloaded_sources
     if not downloaded:
-        questions, corpus = get_source(data.source, data.options).generate(data)
+        source = get_source(data.source, data.options)
+        questions, corpus = source.generate(data)
         _check(questions, corpus, f"data.source {data.source!r}")
         if bad := sorted(set(questions["split"]) - set(SPLITS)):
             raise SchemaError(f"data.source {data.source!r}: generated questions with split {bad}; use train / test")
+        if files_into is not None:
+            source.write_files(questions, files_into)
         return questions, corpus
     files = _raw_files(Path(raw_dir), downloaded)
     questions, corpora = [], []
     for name in downloaded:
-        q, c = get_source(name, data.options).read(Path(raw_dir) / files[name], data.real.max_questions)
+        source = get_source(name, data.options)
+        q, c = source.read(Path(raw_dir) / files[name], data.real.max_questions)
         _check(q, c, f"data.source {name!r}")
+        if files_into is not None:
+            source.write_files(q, files_into)
         if name in data.test_only:
             q = q.assign(split="test")
         else:

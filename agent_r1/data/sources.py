@@ -73,6 +73,10 @@ class DataSource(ABC):
         """
         raise NotImplementedError(f"{type(self).__qualname__} reads no downloaded file (downloads = False?)")
 
+    def write_files(self, questions: pd.DataFrame, folder: Path) -> None:
+        """Files the records refer to (a game per record), written into the prepared ``folder``
+        after :meth:`generate` or :meth:`read`. Most sources have none."""
+
 
 def _overrides(cls: type, method: str) -> bool:
     return getattr(cls, method) is not getattr(DataSource, method)

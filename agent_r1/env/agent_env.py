@@ -24,6 +24,7 @@ won game is the sum of its turns' rewards); the episode's metrics are the last
 from __future__ import annotations
 
 import logging
+import random
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from agent_r1.env.env import StepResult
 from agent_r1.env.episode import Episode
-from agent_r1.env.formats import ActionFormat, ParsedAction, get_format
+from agent_r1.env.formats import ActionFormat, ParsedAction, ToolCall, get_format
 from agent_r1.env.tools import Tool
 
 if TYPE_CHECKING:
@@ -51,6 +52,9 @@ class Transition:
     reward: float = 0.0
     done: bool = False
     info: dict[str, Any] = field(default_factory=dict)  # success (bool), score (0..1), anything numeric
+    # an env with rewrites_context: the messages after the system prompt that the agent is shown
+    # next (the task, a summary of the turns so far, ...), instead of the history plus observation
+    context: list[dict[str, str]] | None = None
 
 
 class AgentEnv(ABC):
@@ -59,6 +63,11 @@ class AgentEnv(ABC):
 
     tools: ClassVar[tuple[Tool, ...]] = ()
     Options: ClassVar[Any] = None
+    # the system prompt's first line, before the tools (None: the format's, which asks to answer a question)
+    instructions: ClassVar[str | None] = None
+    # True: step may return Transition.context, the conversation shown next (summarised, rewritten);
+    # each turn's shown context is recorded and trains with algorithm.representation: step
+    rewrites_context: ClassVar[bool] = False
     options: Any = None  # env.options validated by Options (None for an env without Options)
 
     @abstractmethod
@@ -72,6 +81,19 @@ class AgentEnv(ABC):
     def close(self) -> None:
         """Release what the episode holds (a game process, a file); called once, however it ended."""
 
+    @classmethod
+    def expert_plan(cls, record: dict, fmt: ActionFormat) -> list[str]:
+        """The warm start's demonstration of ``record``: each turn's text as ``fmt`` writes it
+        (a game's walkthrough). An env without one trains with ``sft.enabled: false``."""
+        raise NotImplementedError(
+            f"{cls.__qualname__} has no expert_plan, so there is no warm start to play: set sft.enabled: false"
+        )
+
+    def random_call(self, rng: random.Random) -> ToolCall | None:
+        """A call drawn uniformly from the actions legal now (the random baseline); None: the env
+        does not know its legal actions, and has no random baseline."""
+        return None
+
 
 class AgentEnvRunner:
     """Plays one :class:`AgentEnv` instance per episode behind the interface the rollout uses."""
@@ -82,7 +104,8 @@ class AgentEnvRunner:
         self.env_class, self.cfg, self.options = env_class, cfg, options
         self.tools: dict[str, Tool] = {t.name: t for t in env_class.tools}
         self.format: ActionFormat = get_format(cfg.format, list(env_class.tools))
-        self.system_prompt = self.format.system_prompt(list(env_class.tools), False)
+        self.system_prompt = self.format.system_prompt(list(env_class.tools), False, env_class.instructions)
+        self.rewrites_context = env_class.rewrites_context
 
     def reset(self, record: dict) -> Episode:
         env = self.env_class()
@@ -96,6 +119,9 @@ class AgentEnvRunner:
         episode = Episode(record=record, messages=messages)
         episode.tools = {"env": env}
         return episode
+
+    def expert_plan(self, record: dict) -> list[str]:
+        return self.env_class.expert_plan(record, self.format)
 
     def tool_specs(self) -> list[dict] | None:
         return [t.spec() for t in self.tools.values()] if self.format.uses_template_tools else None
@@ -120,8 +146,14 @@ class AgentEnvRunner:
             self.finish(ep, "env_done" if t.done else "max_turns")
             return StepResult(observation=None, observation_role=role, done=True)
         observation = self.format.format_observation([t.observation])
-        ep.messages.append({"role": role, "content": observation})
-        return StepResult(observation=observation, observation_role=role, done=False, short_observation=observation)
+        ep.messages.append({"role": role, "content": observation})  # the history: the flat record keeps it all
+        context = None
+        if t.context is not None:
+            if not self.rewrites_context:
+                raise ValueError(f"{self.env_class.__qualname__} returned a context but does not set rewrites_context")
+            context = [{"role": "system", "content": self.system_prompt}, *t.context]
+        return StepResult(observation=observation, observation_role=role, done=False, short_observation=observation,
+                          context=context)
 
     def finish(self, episode: Episode, reason: str) -> None:
         """End the episode: its rewards are the env's own turn rewards; close its env."""

@@ -85,6 +85,7 @@ class StepResult:
     observation_role: str  # chat role of that message
     done: bool
     short_observation: str | None = None  # the same results shortened (env.context shows it for older turns)
+    context: list[dict] | None = None  # a stateful env's rewritten conversation, shown next instead of the history
 
 
 @dataclass
@@ -164,6 +165,8 @@ def run_with_timeout(fns: list[Callable[[], Any]], timeouts: list[float]) -> lis
 class ToolEnv:
     """The environment: ``reset`` a question, ``step_batch`` the policy's turns, ``finish`` an episode."""
 
+    rewrites_context = False  # the history is shown as it grew (or shortened by env.context)
+
     def __init__(self, tools: list[Tool], cfg: EnvConfig):
         names = [t.name for t in tools]
         if not tools:
@@ -230,10 +233,12 @@ class ToolEnv:
             )
         episode.done = True
         episode.termination = reason
-        self._close_tools(episode)
         answered = reason == "answer" and episode.answer is not None
         golds = record_list(episode.record, "answers")
-        episode.outcome_reward = outcome_reward(episode.answer, golds, answered, self.cfg.reward)
+        try:  # a scheme that reads the episode sees its per-episode tools still open (an interpreter's state)
+            episode.outcome_reward = outcome_reward(episode.answer, golds, answered, self.cfg.reward, episode)
+        finally:
+            self._close_tools(episode)
         episode.final_turn_rewards = finalize_process_rewards(episode.turn_rewards, answered, self.cfg.reward.process)
         answer = episode.answer or ""
         episode.metrics = {

@@ -159,11 +159,13 @@ class ActionFormat(ABC):
     def _parse(self, text: str) -> ParsedAction: ...
 
     @abstractmethod
-    def system_prompt(self, tools: list[Tool], one_shot: bool) -> str:
+    def system_prompt(self, tools: list[Tool], one_shot: bool, task: str | None = None) -> str:
         """The system message: the tools and how to call them and answer.
 
         ``one_shot`` only adjusts the wording; the example itself is
-        :meth:`example_messages` (see the module docstring for why).
+        :meth:`example_messages` (see the module docstring for why). ``task`` is a
+        stateful env's own instructions (:attr:`AgentEnv.instructions
+        <agent_r1.env.agent_env.AgentEnv.instructions>`), in place of answering a question.
         """
 
     @abstractmethod
@@ -235,13 +237,16 @@ class TagFormat(ActionFormat):
         calls = [ToolCall(tag, {self.tag_args[tag]: body.strip()}) for tag, body in blocks if tag != ANSWER_TAG]
         return action_from_blocks(answers, calls)
 
-    def system_prompt(self, tools: list[Tool], one_shot: bool) -> str:
-        lines = ["Answer the question. Use these tools to look up facts you do not know:"]
+    def system_prompt(self, tools: list[Tool], one_shot: bool, task: str | None = None) -> str:
+        lines = [task or "Answer the question. Use these tools to look up facts you do not know:"]
         lines += [f"<{t.name}>{tag_argument(t)}</{t.name}>: {t.description}" for t in tools]
-        lines.append(
-            "Each result appears in <information>...</information>. Look up one fact at a time. "
-            "Finish with <answer>short answer</answer>."
-        )
+        if task is not None:
+            lines.append("Each result appears in <information>...</information>. One call per turn.")
+        else:
+            lines.append(
+                "Each result appears in <information>...</information>. Look up one fact at a time. "
+                "Finish with <answer>short answer</answer>."
+            )
         if one_shot:
             lines.append("Follow the example.")
         return "\n".join(lines)
@@ -303,8 +308,10 @@ class ToolCallFormat(ActionFormat):
             calls.append(call)
         return action_from_blocks(answers, calls)
 
-    def system_prompt(self, tools: list[Tool], one_shot: bool) -> str:
+    def system_prompt(self, tools: list[Tool], one_shot: bool, task: str | None = None) -> str:
         del tools  # listed by the chat template's tools= (see ToolEnv.tool_specs)
+        if task is not None:
+            return f'{task} Call a tool with <tool_call>{{"name": ..., "arguments": {{...}}}}</tool_call>, one per turn.'
         text = (
             "Answer the question. Use the tools to look up facts you do not know: call one with "
             '<tool_call>{"name": ..., "arguments": {...}}</tool_call>. Look up one fact at a time. '

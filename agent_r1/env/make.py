@@ -35,6 +35,12 @@ def make_env(
     return ToolEnv([_build(params, i, cls, source) for i, cls in enumerate(classes)], params.env)
 
 
+def needs_index(params: Params) -> bool:
+    """Whether the env of ``params`` searches an index: a stateful env brings its own world, and
+    a tool set without search needs none."""
+    return params.env.name is None and any(TOOLS.load(name).needs_index for name in params.env.tools)
+
+
 def _build(params: Params, i: int, cls: type[Tool], source: IndexSource) -> Tool:
     """Tool ``i`` of ``env.tools``, given its options (``env.tool_options.<its name>`` validated by
     its ``Options``); a plugin whose ``from_params`` returns something else is named."""

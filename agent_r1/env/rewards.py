@@ -47,11 +47,16 @@ turn and never answer.
 
 from __future__ import annotations
 
+import inspect
 from collections import Counter
+from typing import TYPE_CHECKING, Any
 
 from agent_r1.config import ProcessRewardConfig, RewardConfig
 from agent_r1.data.answers import normalize_answer
 from agent_r1.registry import REWARDS
+
+if TYPE_CHECKING:
+    from agent_r1.env.episode import Episode
 
 
 def exact_match(pred: str, golds: list[str]) -> float:
@@ -103,15 +108,22 @@ def answer_plus_format_reward(answer: str | None, golds: list[str], format_valid
     return answer_score(answer, golds, cfg.answer_metric) + (cfg.format_score if format_valid else 0.0)
 
 
-def outcome_reward(answer: str | None, golds: list[str], format_valid: bool, cfg: RewardConfig) -> float:
+def outcome_reward(
+    answer: str | None, golds: list[str], format_valid: bool, cfg: RewardConfig, episode: Episode | None = None
+) -> float:
     """The episode's outcome reward: the function ``cfg.scheme`` names in the REWARDS registry.
 
     Called by keyword, the names the registry checks a plugin's signature for; a scheme that
-    declares ``Options`` also gets ``options``: ``cfg.options`` validated by them.
+    declares ``Options`` also gets ``options``: ``cfg.options`` validated by them. A scheme with
+    an argument named ``episode`` gets the whole :class:`~agent_r1.env.episode.Episode`: every
+    turn's messages, the record, and its per-episode tools still open (``episode.tools``), for a
+    task whose success is a state (a file the interpreter wrote) rather than the answer string.
     """
     scheme = REWARDS.load(cfg.scheme)
     options = REWARDS.options(cfg.scheme, cfg.options)
-    own = {} if options is None else {"options": options}  # only a scheme with Options takes them
+    own: dict[str, Any] = {} if options is None else {"options": options}  # only a scheme with Options takes them
+    if "episode" in inspect.signature(scheme).parameters:
+        own["episode"] = episode
     return float(scheme(answer=answer, golds=golds, format_valid=format_valid, cfg=cfg, **own))
 
 

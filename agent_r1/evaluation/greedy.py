@@ -9,6 +9,7 @@ them and :func:`~agent_r1.evaluation.summary.write_outcomes` keeps them.
 from __future__ import annotations
 
 import logging
+import random
 import re
 from pathlib import Path
 from typing import Any
@@ -51,9 +52,10 @@ def _chunks(items: list, size: int):
 
 
 def play_policy(
-    model_path: Path, index: SearchIndex, records: list[dict[str, Any]], params: Params, method: str
+    model_path: Path, index: SearchIndex | None, records: list[dict[str, Any]], params: Params, method: str
 ) -> list[dict[str, Any]]:
-    """Greedy multi-turn episodes of the policy at ``model_path`` in the ToolEnv: one info dict per record."""
+    """Greedy multi-turn episodes of the policy at ``model_path`` in the env of ``params``: one info
+    dict per record (``index``: the agent's search index, None for an env that searches none)."""
     from agent_r1.env import make_env
     from agent_r1.rollout import make_rollout_engine, run_episodes
 
@@ -64,6 +66,32 @@ def play_policy(
     for batch in tqdm(list(_chunks(records, chunk)), desc=f"evaluate {method}", unit="batch"):
         traj = run_episodes(engine, env, engine.tokenizer, batch, params.rollout, greedy=True)
         infos.extend(traj.info)
+    return infos
+
+
+def play_random(records: list[dict[str, Any]], params: Params, seed: int) -> list[dict[str, Any]]:
+    """A stateful env's random baseline: every turn a call drawn uniformly from the actions legal
+    then (:meth:`AgentEnv.random_call <agent_r1.env.agent_env.AgentEnv.random_call>`), played
+    through the same env, turn limit and metrics as a policy. One info dict per record."""
+    from agent_r1.env import make_env
+    from agent_r1.env.agent_env import AgentEnvRunner
+
+    env = make_env(params)
+    if not isinstance(env, AgentEnvRunner):
+        raise ValueError("the random baseline plays a stateful env (env.name); the QA task has Naive RAG")
+    rng = random.Random(seed)
+    infos = []
+    for record in tqdm(records, desc="evaluate random", unit="episode"):
+        episode = env.reset(record)
+        while not episode.done:
+            call = episode.tools["env"].random_call(rng)
+            if call is None:
+                env.release([episode])
+                raise ValueError(f"env.name {params.env.name!r}: its env does not say which actions are legal "
+                                 "(AgentEnv.random_call), so it has no random baseline")
+            env.step_batch([episode], [env.format.render_call(call)])
+        infos.append({**episode.metrics, "question_id": record["id"], "source": record["source"],
+                      "type": record["type"]})
     return infos
 
 

@@ -23,10 +23,14 @@ from agent_r1.paths import split_seeded
 
 log = logging.getLogger(__name__)
 
-DISPLAY = {"naive_rag": "Naive RAG", "base_tool_call": "Base Tool Call", "sft": "SFT warm start (no RL)"}
+DISPLAY = {"naive_rag": "Naive RAG", "random": "Random legal action", "base_tool_call": "Base Tool Call",
+           "sft": "SFT warm start (no RL)"}
 # With sft.enabled false the "sft" row is the base model evaluated the way RL starts from it.
 NO_WARM_START_LABEL = "Base model, RL prompt (no warm start, no RL)"
-BASELINE_ORDER = ("naive_rag", "base_tool_call", "sft")
+BASELINE_ORDER = ("naive_rag", "random", "base_tool_call", "sft")
+# A stateful env's episodes have no answer to match: what its em and f1 are (agent_r1.env.agent_env).
+STATEFUL_METRICS = ("For this environment EM is the success rate (the episode won) and F1 the score "
+                    "(the share of the maximum reached).")
 # A paired difference counts as resolved below this p (one table tests dozens of pairs: 0.05 would
 # call about one in twenty ties a difference).
 RESOLVED_P = 0.01
@@ -468,11 +472,13 @@ def write_report(
     ablation_png: Path | None = None,
     warm_start: bool = True,
     outcomes: dict[str, list[list[dict[str, Any]]]] | None = None,
+    stateful: bool = False,
 ) -> str:
     """Write ``out_md`` (and its charts); ``experiments`` (name -> ExperimentConfig) picks the
     trained rows (``None``: every file in ``eval_dir``) and adds their labels, the paper's numbers and, for ablations, the Table-4 section.
     ``warm_start`` false (sft.enabled false) relabels the "sft" row: no SFT happened.
-    ``outcomes`` (method -> per-question rows, :func:`load_outcomes`) adds the paired comparisons."""
+    ``outcomes`` (method -> per-question rows, :func:`load_outcomes`) adds the paired comparisons;
+    ``stateful`` (a stateful env) says what EM and F1 mean there."""
     names = None if experiments is None else tuple(experiments)
     results = load_results(eval_dir, baseline_dir, names, run_seeds(experiments or {}))
     experiments = experiments or {}
@@ -495,7 +501,7 @@ def write_report(
             "# Results",
             "Held-out exact match (greedy decoding), shaped like Table 3 of Agent-R1. "
             f"In-domain sources: {', '.join(in_domain) or '–'}; the others are out-of-domain. "
-            f"Every number comes from {sources}.",
+            f"Every number comes from {sources}." + (f" {STATEFUL_METRICS}" if stateful else ""),
             "## Exact match",
             markdown_table(em_header, em_rows),
             "A row trained with several seeds is the mean of its runs. ± SE: the binomial standard error "

@@ -203,7 +203,7 @@ def _start(env: RolloutEnv, tokenizer: Any, record: dict, group_id: int, tools: 
             f"rollout.max_total_tokens={cfg.max_total_tokens} leaves no room to generate"
         )
     t = EpisodeRecord(episode, group_id, list(ids), len(ids))
-    if env.cfg.context.managed:
+    if env.cfg.context.managed or env.rewrites_context:
         t.contexts.append(list(ids))
     return t
 
@@ -263,6 +263,23 @@ def _managed_context(t: EpisodeRecord, obs_ids: list[int], short_ids: list[int],
     return shown
 
 
+def _rewritten_context(t: EpisodeRecord, out: GenerationOutput, obs_ids: list[int], res: StepResult,
+                       env: RolloutEnv, tokenizer: Any, tools: list[dict] | None, cfg: RolloutConfig) -> list[int] | None:
+    """A stateful env that rewrites the conversation: the flat record keeps the full history; the
+    policy is shown the env's context when it gives one, else what it was shown last, then its
+    action and the observation."""
+    t.add(obs_ids, is_action=False)
+    if res.context is not None:
+        shown = encode(tokenizer, render(tokenizer, res.context, tools))
+    else:
+        shown = t.contexts[-1] + list(out.token_ids) + obs_ids
+    if len(shown) >= cfg.max_total_tokens:  # no token left to generate after it
+        env.finish(t.episode, "max_length")
+        return None
+    t.contexts.append(shown)
+    return shown
+
+
 def _next_context(t: EpisodeRecord, out: GenerationOutput, text: str, res: StepResult, env: RolloutEnv,
                   tokenizer: Any, tools: list[dict] | None, cfg: RolloutConfig) -> list[int] | None:
     """Record a turn's action and its observation; return the context of the episode's next turn,
@@ -273,6 +290,8 @@ def _next_context(t: EpisodeRecord, out: GenerationOutput, text: str, res: StepR
     history = _history_before_turn(t.episode, text, res)
     role = res.observation_role
     obs_ids = encode(tokenizer, observation_delta(tokenizer, history, tools, res.observation, role, out.token_ids[-1]))
+    if env.rewrites_context:
+        return _rewritten_context(t, out, obs_ids, res, env, tokenizer, tools, cfg)
     if env.cfg.context.managed:
         t.actions.append(list(out.token_ids))
         short = observation_delta(tokenizer, history, tools, res.short_observation, role, out.token_ids[-1])

@@ -15,6 +15,21 @@ from agent_r1.data.schema import SchemaError
 from agent_r1.io import clean_scratch
 
 
+def checked_index(params: Params, indexes: Path, required: bool = False) -> Path | str | None:
+    """Where the agent's search index is (a folder in ``indexes`` or a server URL), checked before
+    any work; None when the env searches none (:func:`agent_r1.env.make.needs_index`) and the
+    caller does not read it itself (``required``: Naive RAG does)."""
+    from agent_r1 import paths
+    from agent_r1.env.make import needs_index
+    from agent_r1.retrieval import check_index
+
+    if not (required or needs_index(params)):
+        return None
+    location = paths.index_location(params.retrieval.index, indexes)
+    check_index(location)
+    return location
+
+
 def add_path_arguments(parser: argparse.ArgumentParser, body: Callable[..., None]) -> list[str]:
     """One ``--name`` option per keyword-only parameter of ``body`` (underscores as dashes),
     defaulting to the parameter's own default: the stage function is the one place that

@@ -16,7 +16,7 @@ from pathlib import Path
 from agent_r1 import paths
 from agent_r1.config import Params, experiment_params
 from agent_r1.io import write_json
-from agent_r1.stages.common import run_stage
+from agent_r1.stages.common import checked_index, run_stage
 
 log = logging.getLogger(__name__)
 
@@ -42,21 +42,20 @@ def evaluate(
     from agent_r1.data.schema import read_questions
     from agent_r1.evaluation.greedy import play_policy, select_questions, validation_questions
     from agent_r1.evaluation.summary import summarize_episodes, write_outcomes
-    from agent_r1.retrieval import check_index, load_index
+    from agent_r1.retrieval import load_index
 
     if experiment == SFT:
         p = params.model_copy(update={"env": params.env.model_copy(update={"one_shot": params.sft.one_shot})})
         model = model or paths.SFT_MODEL
     else:
         p, model = experiment_params(params, experiment), model or paths.TRAINED_DIR / experiment
-    location = paths.index_location(p.retrieval.index, indexes)
-    check_index(location)
+    location = checked_index(p, indexes)
     if val_questions is not None:
         records = validation_questions(read_questions(val_questions), p.train.eval_questions, p.eval.seed)
     else:
         records = select_questions(read_questions(test_questions), p.eval.questions_per_source, p.eval.seed)
     started = time.monotonic()
-    infos = play_policy(model, load_index(location), records, p, experiment)
+    infos = play_policy(model, load_index(location) if location is not None else None, records, p, experiment)
     result = {**summarize_episodes(infos, experiment), "seconds": round(time.monotonic() - started, 1)}
     write_json(metrics or paths.EVAL_METRICS_DIR / f"{experiment}.json", result)
     write_outcomes(outcomes or paths.OUTCOMES_DIR / f"{experiment}.jsonl", infos)

@@ -32,9 +32,9 @@ def prepare(
 ) -> None:
     from agent_r1.data.prepare import PREPARED_SPLITS, load_questions_and_corpus
 
-    questions, corpus = load_questions_and_corpus(params.data, raw)
-    log.info("%d questions, %d documents", len(questions), len(corpus))
     with atomic_dir(out) as tmp:
+        questions, corpus = load_questions_and_corpus(params.data, raw, files_into=tmp)
+        log.info("%d questions, %d documents", len(questions), len(corpus))
         for split in PREPARED_SPLITS:
             part = questions[questions["split"] == split].reset_index(drop=True)
             if part.empty and not (split == "val" and params.data.val_questions == 0):

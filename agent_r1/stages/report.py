@@ -63,6 +63,7 @@ def report(
         ablation_png=ablations,
         warm_start=params.sft.enabled,
         outcomes=load_outcomes(outcomes, methods, baseline_outcomes, run_seeds(params.experiments)),
+        stateful=params.env.name is not None,
     )
     print(text)
 

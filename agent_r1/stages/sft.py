@@ -8,7 +8,7 @@ from pathlib import Path
 from agent_r1 import paths
 from agent_r1.config import Params
 from agent_r1.io import write_json
-from agent_r1.stages.common import run_stage
+from agent_r1.stages.common import checked_index, run_stage
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +35,9 @@ def sft(
         write_json(metrics, {"enabled": False})
         return
 
-    from agent_r1.retrieval import check_index
     from agent_r1.training.sft import train_sft
 
-    location = paths.index_location(params.retrieval.index, indexes)
-    check_index(location)
+    location = checked_index(params, indexes)
     env_params = params.model_copy(update={"env": params.env.model_copy(update={"one_shot": params.sft.one_shot})})
     train = read_questions(train_questions).to_dict("records")
     summary = train_sft(

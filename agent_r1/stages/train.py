@@ -23,7 +23,7 @@ from agent_r1.accelerator import select_accelerator
 from agent_r1.config import Params, TrainConfig, experiment_params
 from agent_r1.io import write_json
 from agent_r1.launch import launch_command
-from agent_r1.stages.common import run_stage
+from agent_r1.stages.common import checked_index, run_stage
 
 log = logging.getLogger(__name__)
 
@@ -61,15 +61,13 @@ def train(
     split (never the test split). The per-experiment outputs default to
     <models/trained|checkpoints|dvclive>/<experiment> and metrics/train/<experiment>.json."""
     from agent_r1.data.schema import read_questions
-    from agent_r1.retrieval import check_index
 
     exp = params.experiments[experiment]
     p = experiment_params(params, experiment)
     launcher = None
     if p.train.num_procs > 1 and "LOCAL_RANK" not in os.environ:  # the stage, not one of its ranks
         launcher = stage_launch_command(p.train)  # a bad hostfile fails first, before any other work
-    location = paths.index_location(p.retrieval.index, indexes)
-    check_index(location)  # before launching ranks or loading a model
+    location = checked_index(p, indexes)  # before launching ranks or loading a model
     val = read_questions(val_questions)
     if val.empty:
         raise ValueError(f"{val_questions} holds no questions (data.val_questions is 0): the in-training evals "

@@ -271,13 +271,17 @@ def plugin_code_hash(ref: str) -> str | None:
     return hash_files([(f.relative_to(source.parent).as_posix(), f) for f in files])
 
 
-def index_identity(index_path: str | Path) -> str:
-    """An index folder's content hash; a server's URL (what it serves is its own business)."""
+def index_identity(index_path: str | Path | None) -> str:
+    """An index folder's content hash; a server's URL (what it serves is its own business);
+    "none" for an env that searches none."""
+    if index_path is None:
+        return "none"
     return hash_tree(index_path) if Path(index_path).is_dir() else str(index_path)
 
 
 def run_fingerprint(
-    params: Params, init_model: Path, index_path: str | Path, train_questions: list[dict], eval_questions: list[dict]
+    params: Params, init_model: Path, index_path: str | Path | None, train_questions: list[dict],
+    eval_questions: list[dict],
 ) -> dict[str, str]:
     """What a checkpoint must share with this run to be resumed, part by part (see
     :data:`FINGERPRINT_PARTS`): everything but the step count, the logging

@@ -13,7 +13,7 @@ the next action of that question's plan.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from agent_r1.env.formats import ToolCall, get_format
@@ -32,13 +32,22 @@ def expert_plan(record: dict[str, Any], fmt_name: str) -> list[str]:
     return [*calls, fmt.render_answer(str(list(record["answers"])[0]))]
 
 
-class ExpertEngine(GenerationEngine):
-    """Plays :func:`expert_plan` for each record. One instance per ``run_episodes`` call
-    with ``rollout.n == 1``: it counts the turns it has played for each question."""
+def plan_of(env: Any) -> Callable[[dict[str, Any]], list[str]]:
+    """How the expert plays in ``env``: a stateful env's own plan (a game's walkthrough), else the QA plan."""
+    from agent_r1.env.agent_env import AgentEnvRunner
 
-    def __init__(self, tokenizer: Any, records: Sequence[dict[str, Any]], fmt_name: str):
+    if isinstance(env, AgentEnvRunner):
+        return env.expert_plan
+    return lambda record: expert_plan(record, env.cfg.format)
+
+
+class ExpertEngine(GenerationEngine):
+    """Plays ``plan`` (:func:`plan_of` the env) for each record. One instance per ``run_episodes``
+    call with ``rollout.n == 1``: it counts the turns it has played for each question."""
+
+    def __init__(self, tokenizer: Any, records: Sequence[dict[str, Any]], plan: Callable[[dict[str, Any]], list[str]]):
         self.tokenizer = tokenizer
-        self.plans = {str(r["question"]).strip(): expert_plan(r, fmt_name) for r in records}
+        self.plans = {str(r["question"]).strip(): plan(r) for r in records}
         # Longest question first: one question may be a prefix of another.
         self._questions = sorted(self.plans, key=len, reverse=True)
         self.turns_played: dict[str, int] = {q: 0 for q in self.plans}

@@ -234,7 +234,7 @@ def train_rl(
     params: Params,
     *,
     init_model: Path,
-    index_path: Path,
+    index_path: Path | str | None,
     train_questions: list[dict],
     eval_questions: list[dict],
     out_model: Path,

@@ -27,7 +27,7 @@ from agent_r1.config import Params
 from agent_r1.rollout.trajectory import TrajectoryBatch
 from agent_r1.training.checkpoint import export_hf
 from agent_r1.training.models import make_trainable
-from agent_r1.training.expert import ExpertEngine, expert_plan
+from agent_r1.training.expert import ExpertEngine, plan_of
 from agent_r1.training.batching import micro_batches, select_rows
 from agent_r1.training.models import load_policy
 
@@ -47,9 +47,10 @@ def expert_demonstrations(params: Params, tokenizer: Any, env: Any, records: lis
     """Play the expert on ``records`` (one episode each) through the real env."""
     from agent_r1.rollout import run_episodes
 
-    engine = ExpertEngine(tokenizer, records, params.env.format)
+    plan = plan_of(env)
+    engine = ExpertEngine(tokenizer, records, plan)
     # The expert's actions are never cut short: a truncated demonstration would teach truncation.
-    longest = max(len(tokenizer.encode(a, add_special_tokens=False)) for r in records for a in expert_plan(r, params.env.format))
+    longest = max(len(tokenizer.encode(a, add_special_tokens=False)) for r in records for a in plan(r))
     cfg = params.rollout.model_copy(update={"n": 1, "max_new_tokens": max(params.rollout.max_new_tokens, longest)})
     return run_episodes(engine, env, tokenizer, records, cfg)
 
@@ -64,7 +65,7 @@ def keep_grounded(batch: TrajectoryBatch) -> list[int]:
 
 
 def train_sft(
-    params: Params, *, init_model: Path, index_path: Path, train_questions: list[dict], out_model: Path
+    params: Params, *, init_model: Path, index_path: Path | str | None, train_questions: list[dict], out_model: Path
 ) -> dict[str, Any]:
     from agent_r1.env import make_env
     from transformers import AutoTokenizer
