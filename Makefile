@@ -10,9 +10,9 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: run paper paper-plan test test-slow gpu-check venv bench bench-trl lock clean-venv
 
-$(STAMP): pyproject.toml requirements.lock requirements-vllm.lock
+$(STAMP): pyproject.toml requirements.lock requirements-vllm.lock requirements-textworld.lock
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q -r requirements.lock
+	$(PY) -m pip install -q -r requirements.lock -r requirements-textworld.lock
 	$(PY) -m pip install -q --no-deps -r requirements-vllm.lock
 	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
@@ -55,9 +55,10 @@ $(TRL_STAMP): bench/requirements-trl.txt pyproject.toml
 bench-trl: $(TRL_STAMP)  ## one RL step, ours vs TRL's GRPOTrainer, single-turn and multi-turn (needs models/policy, indexes/bm25, data/prepared: make run); BENCH_TRL_ARGS=...
 	$(TRL_VENV)/bin/python bench/trl_compare.py $(BENCH_TRL_ARGS)
 
+lock: SHELL := /bin/bash
 lock:  ## re-pin after changing dependencies in pyproject.toml
 	$(PY) -m pip install -q -e .
-	$(PY) -m pip freeze --exclude-editable > requirements.lock
+	$(PY) -m pip freeze --exclude-editable | grep -v -x -F -f <(grep -h -v '^#' requirements-vllm.lock requirements-textworld.lock) > requirements.lock
 
 clean-venv:
 	rm -rf $(VENV)

@@ -225,8 +225,9 @@ TOOLS = Registry("tool", subclass_of("agent_r1.env.tools:Tool"))
 TOOLS.add("search", "agent_r1.env.tools:SearchTool")
 TOOLS.add("python", "agent_r1.env.python_tool:PythonTool", Options="agent_r1.env.python_tool:PythonToolOptions")
 
-# none built in yet: env.name null is the tool env of the QA task (agent_r1.env.env.ToolEnv)
+# env.name null is the tool env of the QA task (agent_r1.env.env.ToolEnv)
 ENVS = Registry("environment", subclass_of("agent_r1.env.agent_env:AgentEnv"))
+ENVS.add("textworld", "agent_r1.env.textworld_env:TextWorldEnv", Options="agent_r1.env.textworld_env:TextWorldEnvOptions")
 
 FORMATS = Registry("action format", subclass_of("agent_r1.env.formats:ActionFormat"))
 FORMATS.add("tags", "agent_r1.env.formats:TagFormat")
@@ -243,6 +244,8 @@ DATA_SOURCES.add("synthetic", "agent_r1.data.synthetic:SyntheticWorld")
 DATA_SOURCES.add("hotpotqa", "agent_r1.data.official:HotpotQA", downloads=True)
 DATA_SOURCES.add("2wikimultihopqa", "agent_r1.data.official:TwoWikiMultihopQA", downloads=True)
 DATA_SOURCES.add("musique", "agent_r1.data.official:MuSiQue", downloads=True)
+DATA_SOURCES.add("textworld", "agent_r1.data.textworld_games:TextWorldGames",
+                 Options="agent_r1.data.textworld_games:TextWorldOptions")
 
 # What ``compute_advantages`` offers an estimator (each gets the ones it names): a plugin may
 # require no other argument; ``needs_critic = True`` on it asks the trainer for ``values``;

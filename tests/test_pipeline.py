@@ -459,3 +459,42 @@ def test_a_plugin_stateful_env_trains_through_dvc_from_params_alone(
     assert all(o["tool_calls"] >= 1 for o in outcomes)  # every turn is an action the env judged
     history = (repo / "dvclive/grpo/plots/metrics/train/reward.tsv").read_text().splitlines()
     assert len(history) == 3
+
+
+# The text-world experiment at toy size: 6 small games, the same stages as textworld/params.yaml's.
+TINY_TEXTWORLD = {
+    "data": {"val_questions": 1, "options": {"n_train": 3, "n_test": 2, "n_ood": 1, "workers": 1,
+                                             "world": {"rooms": 2, "objects": 2, "quest_length": 2},
+                                             "ood_world": {"rooms": 3, "objects": 3, "quest_length": 3}}},
+    "env": {"max_turns": 3},
+    "rollout": {"n": 2, "batch_size": 8},
+    "sft": {"n_demos": 2, "batch_size": 2, "question_types": ["quest2"]},
+    "train": {"steps": 2, "questions_per_step": 2, "mini_batch_size": 4, "save_every": 2, "eval_every": 1,
+              "eval_questions": 1},
+}
+
+
+@pytest.mark.slow
+def test_the_text_world_experiment_runs_end_to_end_through_dvc(
+    tmp_path_factory: pytest.TempPathFactory, policy_dir: Path, encoder_dir: Path
+) -> None:
+    """`dvc repro textworld/dvc.yaml`: games, the random and untrained baselines, the walkthrough warm
+    start, GRPO and the report with success rates side by side, from its params file alone."""
+    repo = make_repo(tmp_path_factory.mktemp("textworld"), policy_dir, encoder_dir)
+    shutil.copytree(ROOT / "textworld", repo / "textworld",
+                    ignore=shutil.ignore_patterns("data", "models", "checkpoints", "*.lock", "dvclive", "metrics",
+                                                  "outcomes", "reports", ".gitignore"))
+    params = _merge(yaml.safe_load((ROOT / "textworld/params.yaml").read_text()), copy.deepcopy(TINY_TEXTWORLD))
+    (repo / "textworld/params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    dvc(repo, "repro", "textworld/dvc.yaml")
+    games = sorted(p.name for p in (repo / "textworld/data/prepared/games").glob("*.z8"))
+    assert len(games) == 6 and not (repo / "indexes").exists()  # no index: the env searches none
+    for method in ("random", "base_tool_call", "sft", "grpo"):
+        result = json.loads((repo / f"textworld/metrics/eval/{method}.json").read_text())
+        assert result["n"] == 3 and set(result["by_source"]) == {"textworld", "textworld-ood"}
+    assert json.loads((repo / "textworld/metrics/sft.json").read_text())["grounded_demos"] == 2  # both walkthroughs won
+    assert json.loads((repo / "textworld/checkpoints/grpo/latest.json").read_text())["step"] == 2
+    report = (repo / "textworld/reports/results.md").read_text()
+    assert "EM is the success rate" in report and "| Random legal action |" in report
+    assert "| grpo | SFT warm start (no RL) |" in report.split("## Paired comparisons")[1]
+    assert "textworld/dvc.yaml:report" not in dvc(repo, "status", "textworld/dvc.yaml").stdout

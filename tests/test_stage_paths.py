@@ -14,7 +14,8 @@ from agent_r1.stages.common import stage_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 # Written but deliberately undeclared (the dvc.yaml files say why): checkpoints, and a preset's trained policy.
-BY_PRODUCTS = {"paper/dvc.yaml": ("paper/models/trained", "paper/models/curve", "paper/checkpoints"), "dvc.yaml": ("checkpoints",)}
+BY_PRODUCTS = {"paper/dvc.yaml": ("paper/models/trained", "paper/models/curve", "paper/checkpoints"), "dvc.yaml": ("checkpoints",),
+               "textworld/dvc.yaml": ("textworld/checkpoints",)}
 
 
 def _declared(stage: dict) -> tuple[set[str], set[str]]:
@@ -41,7 +42,7 @@ def _stages(dvcfile: str) -> list[tuple[str, dict]]:
     return out
 
 
-@pytest.mark.parametrize("dvcfile", ["dvc.yaml", "paper/dvc.yaml"])
+@pytest.mark.parametrize("dvcfile", ["dvc.yaml", "paper/dvc.yaml", "textworld/dvc.yaml"])
 def test_stage_commands_pass_exactly_their_declared_paths(dvcfile: str) -> None:
     for name, stage in _stages(dvcfile):
         deps, outs = _declared(stage)
