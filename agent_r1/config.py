@@ -605,7 +605,7 @@ class TrainConfig(_Strict):
     questions_per_step: int = Field(6, ge=1, description="questions per step; x rollout.n trajectories")
     ppo_epochs: int = Field(1, ge=1)
     mini_batch_size: int = Field(24, ge=1, description="trajectories per optimizer step")
-    micro_batch_tokens: int = Field(1024, ge=64, description="token budget of one forward/backward")
+    micro_batch_tokens: int = Field(768, ge=64, description="token budget of one forward/backward")
     pack: bool = Field(
         True, description="actor updates on packed micro-batches (rows concatenated, attention per row): no padding"
     )
