@@ -77,3 +77,17 @@ def test_training_stages_are_found_with_their_steps_and_curves() -> None:
     assert training_target("paper/dvc.yaml:extra@grpo-step-last1-0", ROOT)[1].name == "grpo-step-last1.seed0"
     assert training_target("paper/dvc.yaml:curve", ROOT) == (100, ROOT / "paper" / "dvclive" / "curve", "grpo")
     assert training_target("index", ROOT) is None and training_target("paper/dvc.yaml:report", ROOT) is None
+
+
+def test_every_param_textworld_tracks_is_in_its_params_file() -> None:
+    """DVC refuses to run a stage whose tracked param the file lacks, even one the schema defaults."""
+    params = yaml.safe_load((ROOT / "textworld/params.yaml").read_text())
+    for name, stage in _stages("textworld/dvc.yaml"):
+        for entry in stage.get("params", []):
+            for dvc_file, keys in entry.items():
+                assert dvc_file == "textworld/params.yaml", f"textworld/dvc.yaml:{name} reads {dvc_file}"
+                for key in keys:
+                    node = params
+                    for part in key.split("."):
+                        assert isinstance(node, dict) and part in node, f"textworld/dvc.yaml:{name}: {key} missing"
+                        node = node[part]
