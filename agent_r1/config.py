@@ -78,6 +78,9 @@ class SyntheticConfig(_Strict):
     n_train: int = Field(2000, ge=1, description="training questions (bridge + comparison)")
     n_test: int = Field(300, ge=1, description="in-domain test questions (bridge + comparison)")
     n_test_ood: int = Field(100, ge=0, description="out-of-domain 3-hop compositional test questions")
+    n_test_ood_2hop: int = Field(
+        100, ge=0, description="out-of-domain 2-hop test questions over relations and phrasings never seen in training"
+    )
     entities_per_type: int = Field(400, ge=20, description="entities of each kind (people, companies, ...)")
     name_collision_rate: float = Field(
         0.15, ge=0.0, le=1.0, description="share of entities whose name is shared with another entity"
@@ -341,8 +344,13 @@ class ServerConfig(_Strict):
 class RetrievalConfig(_Strict):
     index: str = Field(
         "bm25",
-        description="the index the agent's search tool uses: bm25 | dense (built by the index stage), "
-        "or the http(s):// URL of a retrieval server (`agent-r1 serve`)",
+        description="the index the agent's search tool uses: bm25 | dense, built by the index stage as "
+        "indexes/<index>, the one folder the stages that search depend on",
+    )
+    url: str | None = Field(
+        None,
+        description="null: load indexes/<index> in-process; the http(s)://host:port of a retrieval server "
+        "(`agent-r1 serve`) to search instead, which must serve an index of that kind (checked on /health)",
     )
     top_k: int = Field(3, ge=1, le=100, description="k of the retrieval metrics (recall@k) and of `agent-r1 search`")
     bm25: BM25Config = BM25Config()
@@ -351,10 +359,18 @@ class RetrievalConfig(_Strict):
 
     @field_validator("index")
     @classmethod
-    def _kind_or_url(cls, v: str) -> str:
-        if v in ("bm25", "dense") or _is_server_url(v):
+    def _kind(cls, v: str) -> str:
+        if v in ("bm25", "dense"):
             return v
-        raise ValueError(f"must be 'bm25', 'dense' or the http(s)://host:port URL of a retrieval server, got {v!r}")
+        hint = ": a retrieval server's URL goes in retrieval.url" if v.startswith(REMOTE_INDEX_SCHEMES) else ""
+        raise ValueError(f"must be 'bm25' or 'dense', got {v!r}{hint}")
+
+    @field_validator("url")
+    @classmethod
+    def _server_url(cls, v: str | None) -> str | None:
+        if v is None or _is_server_url(v):
+            return v
+        raise ValueError(f"must be null or the http(s)://host:port URL of a retrieval server, got {v!r}")
 
 
 def _is_server_url(v: str) -> bool:
@@ -773,6 +789,12 @@ class Params(_Strict):
                     f"({sorted(self.experiments)})"
                 )
             merged = experiment_params(self, name)
+            if (merged.retrieval.index, merged.retrieval.url) != (self.retrieval.index, self.retrieval.url):
+                raise ValueError(
+                    f"experiments.{name}.overrides.retrieval: the stages that search depend on "
+                    f"indexes/<retrieval.index> of the shared params, so every experiment searches the same "
+                    f"index; set retrieval.index (or retrieval.url) itself, e.g. dvc exp run -S retrieval.index=dense"
+                )
             if exp.init == "sft" and merged.env.one_shot != self.sft.one_shot:
                 raise ValueError(
                     f"experiments.{name}: starts from the warm start, which was trained with env.one_shot="

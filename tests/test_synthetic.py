@@ -24,7 +24,7 @@ from agent_r1.data.schema import CORPUS_COLUMNS, QUESTION_COLUMNS, validate_corp
 from agent_r1.data.synthetic import generate
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = {"entities_per_type": 120, "n_train": 300, "n_test": 100, "n_test_ood": 60}
+SMALL = {"entities_per_type": 120, "n_train": 300, "n_test": 100, "n_test_ood": 60, "n_test_ood_2hop": 40}
 SEED = 7
 DIRECTIONS = {"older": min, "first": min, "earlier": min, "younger": max, "newer": max, "more recent": max}
 
@@ -101,15 +101,16 @@ def test_schema_sizes_types_and_ids(world: tuple[pd.DataFrame, pd.DataFrame]) ->
     validate_corpus(corpus)
     train, test = questions[questions["split"] == "train"], questions[questions["split"] == "test"]
     assert len(train) == SMALL["n_train"]
-    assert len(test) == SMALL["n_test"] + SMALL["n_test_ood"]
+    assert len(test) == SMALL["n_test"] + SMALL["n_test_ood"] + SMALL["n_test_ood_2hop"]
     assert set(questions["split"]) == {"train", "test"}
     assert set(train["type"]) == {"bridge", "comparison"}
     assert Counter(test["type"])["compositional"] == SMALL["n_test_ood"]
-    assert set(test["type"]) == {"bridge", "comparison", "compositional"}
+    assert Counter(test["type"])["unseen_relation"] == SMALL["n_test_ood_2hop"]
+    assert set(test["type"]) == {"bridge", "comparison", "compositional", "unseen_relation"}
+    sources = {"compositional": "synthetic_3hop", "unseen_relation": "synthetic_2hop_ood"}
     for row in questions.itertuples():
         assert re.fullmatch(rf"syn-{row.split}-\d{{6}}", row.id), row.id
-        expected_source = "synthetic_3hop" if row.type == "compositional" else "synthetic"
-        assert row.source == expected_source, row.id
+        assert row.source == sources.get(row.type, "synthetic"), row.id
         assert len(row.supporting_titles) == (3 if row.type == "compositional" else 2), row.id
         assert len(row.sub_queries) == len(row.supporting_titles), row.id
         assert len(row.answers) >= 1 and all(a.strip() for a in row.answers), row.id
@@ -117,9 +118,43 @@ def test_schema_sizes_types_and_ids(world: tuple[pd.DataFrame, pd.DataFrame]) ->
     assert corpus["title"].is_unique, "two documents share a title: supporting titles would be ambiguous"
     assert corpus["doc_id"].str.fullmatch(r"(country|city|person|company|product|film|note)-\d{5}").all()
     # several templates per type, so a policy cannot learn one phrasing
-    for qtype, n_min in (("bridge", 8), ("comparison", 6), ("compositional", 3)):
+    for qtype, n_min in (("bridge", 8), ("comparison", 6), ("compositional", 3), ("unseen_relation", 5)):
         openings = {" ".join(q.split()[:3]) for q in questions.loc[questions["type"] == qtype, "question"]}
         assert len(openings) >= n_min, (qtype, openings)
+
+
+def test_out_of_domain_2hop_questions_follow_unseen_relations_and_are_answerable(
+    world: tuple[pd.DataFrame, pd.DataFrame],
+) -> None:
+    """Each 2-hop OOD template uses a relation no training template uses, in words no training
+    template shares 4 in a row with; each question's first document names its second hop, whose
+    own document states the answer, so two searches reach it as in training."""
+    from agent_r1.data.synthetic import BRIDGES, COMPARISONS, UNSEEN_RELATIONS
+
+    def four_grams(template: str) -> set[tuple[str, ...]]:
+        words = re.sub(r"\{\w\}", " ", template.lower()).replace("?", " ").split()
+        return {tuple(words[i : i + 4]) for i in range(len(words) - 3)}
+
+    seen = {r for t in BRIDGES for r in (*t.path, t.answer)} | {r for t in COMPARISONS for r in (t.key, t.answer)}
+    trained = set().union(*(four_grams(x) for t in (*BRIDGES, *COMPARISONS) for x in t.texts))
+    for t in UNSEEN_RELATIONS:
+        assert len(t.path) == 1 and {*t.path, t.answer} - seen, t.name
+        assert all(not four_grams(x) & trained for x in t.texts), t.name
+    questions, corpus = world
+    text = dict(zip(corpus["title"], corpus["text"]))
+    ood = questions[questions["type"] == "unseen_relation"]
+    assert set(ood["source"]) == {"synthetic_2hop_ood"}
+    for row in ood.itertuples():
+        first, second = row.supporting_titles
+        assert mentions(text[first], bare_name(second)), row.id
+        assert mentions(text[second], row.answers[0]) and not mentions(row.question, row.answers[0]), row.id
+
+
+def test_adding_the_2hop_ood_set_leaves_every_other_question_and_the_corpus_as_they_were() -> None:
+    with_2hop, corpus = generate(SyntheticConfig(**SMALL), SEED)
+    without, corpus_without = generate(SyntheticConfig(**{**SMALL, "n_test_ood_2hop": 0}), SEED)
+    assert corpus.equals(corpus_without)
+    assert with_2hop.iloc[: len(without)].reset_index(drop=True).equals(without.reset_index(drop=True))
 
 
 def test_train_and_test_name_disjoint_entities(world: tuple[pd.DataFrame, pd.DataFrame]) -> None:
@@ -274,13 +309,13 @@ def test_generated_answer_normalising_to_empty_is_rejected(monkeypatch: pytest.M
     from agent_r1.data import synthetic
     from agent_r1.data.schema import SchemaError
 
-    real, calls = synthetic._answer_value, []
+    real, calls = synthetic._record, []
 
-    def first_answer_is_punctuation(world, e, fact):  # fault injection: one answer becomes "!!"
-        calls.append(fact)
-        return "!!" if len(calls) == 1 else real(world, e, fact)
+    def first_answer_is_punctuation(question, answer, *rest):  # fault injection: one answer becomes "!!"
+        calls.append(answer)
+        return real(question, "!!" if len(calls) == 1 else answer, *rest)
 
-    monkeypatch.setattr(synthetic, "_answer_value", first_answer_is_punctuation)
-    cfg = SyntheticConfig(n_train=40, n_test=20, n_test_ood=10, entities_per_type=40)
+    monkeypatch.setattr(synthetic, "_record", first_answer_is_punctuation)
+    cfg = SyntheticConfig(n_train=40, n_test=20, n_test_ood=10, n_test_ood_2hop=10, entities_per_type=40)
     with pytest.raises(SchemaError, match=r"synthetic\(seed=3\): question id 'syn-\w+-\d+': answer '!!' normalises to the empty string"):
         synthetic.generate(cfg, seed=3)

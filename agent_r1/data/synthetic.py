@@ -13,8 +13,11 @@ headroom for RL:
   venues and prizes named after entities, co-mentions, soundtracks);
 - wrong-but-plausible facts inside the right documents (a person "later moved
   to" another city, a film "shot in" one, an actor beside the director);
-- question types: 2-hop ``bridge`` and ``comparison`` (train and test) and
-  3-hop ``compositional`` (test only, out of domain).
+- question types: 2-hop ``bridge`` and ``comparison`` (train and test); out of
+  domain (test only), 3-hop ``compositional`` and 2-hop ``unseen_relation``: one hop
+  over a relation no training question follows (a film's star, where it was shot,
+  where a person moved, what a founder studied), asked in words no training template
+  uses, the way 2Wiki and MuSiQue differ from HotpotQA.
 
 Every question's supporting documents are listed in hop order with one gold
 search query per hop (``sub_queries``). Documents only point forward (a product
@@ -583,6 +586,21 @@ COMPOSITIONALS: tuple[Bridge, ...] = (
     Bridge("company_founder_country", "company", ("founded_by", "born_in"), "country",
            ("In which country was the founder of {r} born?",)),
 )
+# Out of domain, 2-hop: each follows one relation (stars, shot_in, moved_to, subject) that no
+# BRIDGES/COMPARISONS template asks about, phrased unlike any of them; the agent's two
+# searches are the same moves as in training, so a trained agent can reach them.
+UNSEEN_RELATIONS: tuple[Bridge, ...] = (
+    Bridge("film_star_city", "film", ("stars",), "born_in",
+           ("Which city does the actor starring in {f} come from?", "What is the hometown of the star of {f}?")),
+    Bridge("film_star_year", "film", ("stars",), "birth_year",
+           ("The actor who stars in {f} came into the world in what year?",)),
+    Bridge("film_location_country", "film", ("shot_in",), "country",
+           ("{f} was filmed in a city of which country?", "Which nation was {f} shot in?")),
+    Bridge("person_moved_country", "person", ("moved_to",), "country",
+           ("To which country did {r} later relocate?", "{r} eventually moved to a city in which nation?")),
+    Bridge("company_founder_subject", "company", ("founded_by",), "subject",
+           ("What did the person who set up {r} study at university?",)),
+)
 COMPARISONS: tuple[Comparison, ...] = (
     Comparison("older_company_founder", "company", "founded", False, "founded_by",
                ("Who founded the older company, {a} or {b}?",
@@ -627,15 +645,38 @@ def _record(question: str, answer: str, chain: Sequence[Entity], world: World, q
             "type": qtype, "source": source, "sub_queries": [world.query(e) for e in chain]}
 
 
+def _relation_written(e: Entity, fact: str) -> bool:
+    """Whether ``e``'s document states ``fact`` as that relation: optional relations may be
+    absent (shot_in, moved_to), and a star who directed the film or a move back to the
+    birthplace is not written as such (_film_text, _person_text)."""
+    value = e.facts.get(fact)
+    if value is None:
+        return False
+    return not ((fact == "stars" and value == e.facts["directed_by"])
+                or (fact == "moved_to" and value == e.facts["born_in"]))
+
+
+def _stated(world: World, chain: Sequence[Entity], answer: str) -> bool:
+    """Each hop's entity named in the document before it, the answer in the last one: some
+    facts (a film's star who is also its director, a person's studies) are not always written."""
+    hops_named = all(_mentions(a.text, b.name) for a, b in zip(chain, chain[1:]))
+    return hops_named and _mentions(chain[-1].text, answer)
+
+
 def _bridge_record(world: World, t: Bridge, root: Entity, rng: random.Random, qtype: str,
                    source: str) -> dict[str, object] | None:
     chain = [root]
     for fact in t.path:
+        if not _relation_written(chain[-1], fact):
+            return None
         chain.append(world.get(chain[-1].facts[fact]))
     if any(_mentions(e.text, root.name) for e in chain[1:]):  # rare name clash: a later hop would be findable
         return None
+    answer = _answer_value(world, chain[-1], t.answer)
+    if not _stated(world, chain, answer):
+        return None
     question = rng.choice(t.texts).format(r=world.ref(root), f=world.film_ref(root))
-    return _record(_cap(question), _answer_value(world, chain[-1], t.answer), chain, world, qtype, source)
+    return _record(_cap(question), answer, chain, world, qtype, source)
 
 
 def _comparison_record(world: World, t: Comparison, a: Entity, b: Entity,
@@ -733,8 +774,10 @@ def generate(cfg: SyntheticConfig, seed: int) -> tuple[pd.DataFrame, pd.DataFram
     """The (questions, corpus) frames of the world for ``(cfg, seed)``; deterministic.
 
     Questions hold both splits: ``train`` (bridge + comparison, ``cfg.n_train``) and
-    ``test`` (``cfg.n_test`` in-domain, then ``cfg.n_test_ood`` 3-hop compositional).
-    Train and test name disjoint root entities; the corpus is shared by both.
+    ``test`` (``cfg.n_test`` in-domain, then ``cfg.n_test_ood`` 3-hop compositional, then
+    ``cfg.n_test_ood_2hop`` 2-hop over unseen relations: drawn last, so adding them left
+    every earlier question as it was). Train and test name disjoint root entities; the
+    corpus is shared by both.
     """
     rng = random.Random(seed)
     world = _build_world(cfg.entities_per_type, rng)
@@ -746,12 +789,14 @@ def generate(cfg: SyntheticConfig, seed: int) -> tuple[pd.DataFrame, pd.DataFram
     test = _in_domain(world, roots["test"], cfg.n_test, rng, "n_test")
     ood = _draw_bridges(world, COMPOSITIONALS, roots["test"], cfg.n_test_ood, rng, "compositional",
                         "synthetic_3hop", "n_test_ood", cfg.n_test_ood) if cfg.n_test_ood else []
+    ood_2hop = _draw_bridges(world, UNSEEN_RELATIONS, roots["test"], cfg.n_test_ood_2hop, rng, "unseen_relation",
+                             "synthetic_2hop_ood", "n_test_ood_2hop", cfg.n_test_ood_2hop) if cfg.n_test_ood_2hop else []
     records = []
-    for split, recs in (("train", train), ("test", test + ood)):
+    for split, recs in (("train", train), ("test", test + ood + ood_2hop)):
         for i, rec in enumerate(recs):
             records.append({"id": f"syn-{split}-{i:06d}", **rec, "split": split})
     log.info("synthetic world: %d entities (%d share a name), %d documents, %d train / %d test questions",
-             len(world.entities), sum(world.shared_names.values()), len(corpus), len(train), len(test) + len(ood))
+             len(world.entities), sum(world.shared_names.values()), len(corpus), len(train), len(test) + len(ood) + len(ood_2hop))
     return questions_frame(records, f"synthetic(seed={seed})"), corpus_frame(corpus, f"synthetic(seed={seed})")
 
 
