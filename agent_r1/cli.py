@@ -72,13 +72,14 @@ def _data_convert(args: argparse.Namespace) -> int:
 
 
 def _index_arg(args: argparse.Namespace, params: Params | None = None) -> str | Path:
-    """``--index`` as given, else where ``retrieval.index`` of ``--params`` lives (a folder or a server URL)."""
+    """``--index`` as given, else where ``--params`` says the agent searches (retrieval.url or indexes/<retrieval.index>)."""
     from agent_r1.config import load_params
     from agent_r1.paths import index_location
 
     if args.index is not None:
         return args.index
-    return index_location((params or load_params(args.params)).retrieval.index)
+    retrieval = (params or load_params(args.params)).retrieval
+    return index_location(retrieval.index, url=retrieval.url)
 
 
 def _search(args: argparse.Namespace) -> int:
@@ -174,7 +175,7 @@ def _add_chat(sub: Any) -> None:
     chat = sub.add_parser("chat", help="run one episode and print it with masks and rewards")
     chat.add_argument("question")
     chat.add_argument("--model", default="models/policy", help="a transformers folder (e.g. models/trained/grpo)")
-    chat.add_argument("--index", default=None, help="index folder or http(s):// URL (default: retrieval.index)")
+    chat.add_argument("--index", default=None, help="index folder or http(s):// URL (default: retrieval.url, else indexes/<retrieval.index>)")
     chat.add_argument("--params", default="params.yaml")
     chat.add_argument("--answer", action="append", help="gold answer(s), to score the episode")
     chat.add_argument("--sample", action="store_true", help="sample at rollout.temperature instead of greedy")
@@ -208,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     search = sub.add_parser("search", help="query an index (folder or http:// URL)")
     search.add_argument(
-        "--index", default=None, help="index folder or http(s):// URL (default: retrieval.index of --params)"
+        "--index", default=None, help="index folder or http(s):// URL (default: retrieval.url, else indexes/<retrieval.index>, of --params)"
     )
     search.add_argument("--params", default="params.yaml")
     search.add_argument("--top-k", type=int, default=3)

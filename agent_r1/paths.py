@@ -22,7 +22,7 @@ POLICY_DIR = MODELS_DIR / "policy"  # transformers folder of the base policy
 ENCODER_DIR = MODELS_DIR / "encoder"  # sentence-transformers folder for dense retrieval
 
 INDEX_DIR = Path("indexes")
-REMOTE_INDEX_SCHEMES = ("http://", "https://")  # retrieval.index: a retrieval server, not a folder
+REMOTE_INDEX_SCHEMES = ("http://", "https://")  # retrieval.url, or --index: a retrieval server, not a folder
 METRICS_DIR = Path("metrics")
 RETRIEVAL_METRICS = METRICS_DIR / "retrieval.json"
 PREPARE_METRICS = METRICS_DIR / "data.json"
@@ -43,9 +43,10 @@ LIVE_DIR = Path("dvclive")  # dvclive/<experiment>: per-step training metrics an
 TRAIN_METRICS_DIR = METRICS_DIR / "train"
 
 
-def index_location(index: str, indexes: Path = INDEX_DIR) -> Path | str:
-    """Where ``retrieval.index`` lives: a retrieval server's URL as is, else the folder of that kind in ``indexes``."""
-    return index if index.startswith(REMOTE_INDEX_SCHEMES) else Path(indexes) / index
+def index_location(index: str, indexes: Path = INDEX_DIR, url: str | None = None) -> Path | str:
+    """Where the agent searches: the retrieval server at ``url`` (``retrieval.url``) when set,
+    else the folder of kind ``index`` (``retrieval.index``) in ``indexes``."""
+    return url if url is not None else Path(indexes) / index
 
 
 

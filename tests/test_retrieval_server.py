@@ -352,7 +352,7 @@ def test_server_killed_mid_rollout_stops_run_episodes(policy_dir, tmp_path, monk
     from agent_r1.training import expert
     from agent_r1.training.sft import expert_demonstrations
 
-    questions, corpus = generate(SyntheticConfig(n_train=12, n_test=4, n_test_ood=2, entities_per_type=20), seed=5)
+    questions, corpus = generate(SyntheticConfig(n_train=12, n_test=4, n_test_ood=2, n_test_ood_2hop=2, entities_per_type=20), seed=5)
     build_index("bm25", corpus, tmp_path / "bm25", RetrievalConfig())
     records = questions[questions["split"] == "train"].head(4).to_dict("records")
     tok, params = AutoTokenizer.from_pretrained(policy_dir), Params()
@@ -378,18 +378,28 @@ def test_server_killed_mid_rollout_stops_run_episodes(policy_dir, tmp_path, monk
 
 
 # ------------------------------------------------------ params and stages
-def test_retrieval_index_is_a_kind_or_a_server_url():
+def test_retrieval_index_is_a_kind_and_the_server_url_its_own_key():
     from agent_r1.paths import INDEX_DIR, index_location
 
-    for bad in ("ftp://x", "bm26", "http://", "http://h:99999", "HTTP://h", "http://h:1/?k=v"):
-        with pytest.raises(ParamsError, match=r"retrieval.index: must be 'bm25', 'dense' or the http\(s\)://host:port"):
+    for bad in ("bm26", "indexes/bm25", "http://h:1"):
+        with pytest.raises(ParamsError, match=r"retrieval.index: must be 'bm25' or 'dense'"):
             parse_params({"retrieval": {"index": bad}})
-    with pytest.raises(ParamsError, match=r"experiments.x.overrides.retrieval.index: must be"):
-        parse_params({"experiments": {"x": {"init": "base", "overrides": {"retrieval": {"index": "ftp://x"}}}}})
+    with pytest.raises(ParamsError, match=r"retrieval.index: .*a retrieval server's URL goes in retrieval.url"):
+        parse_params({"retrieval": {"index": "http://h:1"}})
+    for bad in ("ftp://x", "http://", "http://h:99999", "HTTP://h", "http://h:1/?k=v", "bm25"):
+        with pytest.raises(ParamsError, match=r"retrieval.url: must be null or the http\(s\)://host:port"):
+            parse_params({"retrieval": {"url": bad}})
+    with pytest.raises(ParamsError, match=r"experiments.x.overrides.retrieval.url: must be"):
+        parse_params({"experiments": {"x": {"init": "base", "overrides": {"retrieval": {"url": "ftp://x"}}}}})
+    # the stages depend on indexes/<retrieval.index> of the shared params: no experiment searches another
+    for override in ({"index": "dense"}, {"url": "http://127.0.0.1:8765"}):
+        with pytest.raises(ParamsError, match=r"experiments.x.overrides.retrieval: the stages that search depend on"):
+            parse_params({"experiments": {"x": {"init": "base", "overrides": {"retrieval": override}}}})
     for kind in ("bm25", "dense"):
         assert index_location(parse_params({"retrieval": {"index": kind}}).retrieval.index) == INDEX_DIR / kind
     url = "https://search.example.org:8443/agent"
-    assert index_location(parse_params({"retrieval": {"index": url}}).retrieval.index) == url
+    retrieval = parse_params({"retrieval": {"index": "dense", "url": url}}).retrieval
+    assert index_location(retrieval.index, url=retrieval.url) == url
 
 
 def test_stages_check_the_index_before_any_work(tmp_path, monkeypatch, live_url, sleeps):
@@ -402,16 +412,18 @@ def test_stages_check_the_index_before_any_work(tmp_path, monkeypatch, live_url,
     monkeypatch.chdir(tmp_path)
     dead = f"http://127.0.0.1:{free_port()}"
     cases = [
-        (dead, RetrievalServerError, f"retrieval.index: retrieval server at {dead}/health failed 6 attempts"),
-        ("bm25", IndexFormatError, "retrieval.index: index folder indexes/bm25 does not exist"),
-        (live_url, SchemaError, "data/prepared/"),  # a live server: on to the stage's first input
+        ({"url": dead}, RetrievalServerError, f"retrieval.url: retrieval server at {dead}/health failed 6 attempts"),
+        ({"index": "bm25"}, IndexFormatError, "retrieval.index: index folder indexes/bm25 does not exist"),
+        ({"index": "dense", "url": live_url}, RetrievalServerError,  # it serves bm25: DVC keys on indexes/dense
+         f"retrieval.url: the retrieval server at {live_url} serves a bm25 index, but retrieval.index is 'dense'"),
+        ({"url": live_url}, SchemaError, "data/prepared/"),  # a live server: on to the stage's first input
     ]
-    for index, error, message in cases:
-        params = parse_params({"retrieval": {"index": index}})
+    for retrieval, error, message in cases:
+        params = parse_params({"retrieval": retrieval})
         for stage, args in ((baselines, ()), (sft, ()), (evaluate, ("sft",)), (train, ("grpo",))):
             with pytest.raises(error) as err:
                 stage(params, *args)
-            assert message in str(err.value), (stage.__name__, index)
+            assert message in str(err.value), (stage.__name__, retrieval)
 
 
 @pytest.mark.slow
@@ -425,7 +437,7 @@ def test_baselines_stage_scores_the_same_through_the_server(policy_dir, tmp_path
     from agent_r1.stages.baselines import baselines
 
     monkeypatch.chdir(tmp_path)
-    questions, corpus = generate(SyntheticConfig(n_train=8, n_test=6, n_test_ood=4, entities_per_type=20), seed=3)
+    questions, corpus = generate(SyntheticConfig(n_train=8, n_test=6, n_test_ood=4, n_test_ood_2hop=4, entities_per_type=20), seed=3)
     Path("data/prepared").mkdir(parents=True)
     questions[questions["split"] == "test"].to_parquet("data/prepared/test.parquet", index=False)
     Path("models").mkdir()
@@ -438,7 +450,7 @@ def test_baselines_stage_scores_the_same_through_the_server(policy_dir, tmp_path
     metrics = {}
     with served(Path("indexes/bm25")) as (url, _, log):
         for index in ("bm25", url):
-            baselines(parse_params({**small, "retrieval": {"index": index}}))
+            baselines(parse_params({**small, "retrieval": {"url": None if index == "bm25" else index}}))
             metrics[index] = [json.loads(Path(f"metrics/eval/{m}.json").read_text()) for m in ("naive_rag", "base_tool_call")]
     assert metrics["bm25"] == metrics[url]
     assert any('"POST /search HTTP/1.1" 200' in line for line in log)  # Naive RAG searched through the server

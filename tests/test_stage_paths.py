@@ -91,3 +91,20 @@ def test_every_param_textworld_tracks_is_in_its_params_file() -> None:
                     for part in key.split("."):
                         assert isinstance(node, dict) and part in node, f"textworld/dvc.yaml:{name}: {key} missing"
                         node = node[part]
+
+
+@pytest.mark.parametrize("dvcfile", ["dvc.yaml", "paper/dvc.yaml"])
+def test_stages_that_search_depend_on_the_one_index_they_search(dvcfile: str) -> None:
+    """Not on every index: the dense one's bytes follow the CPU, BM25's do not, and the default agent searches BM25."""
+    searching = 0
+    for name, stage in _stages(dvcfile):
+        deps, _ = _declared(stage)
+        cmds = stage["cmd"] if isinstance(stage["cmd"], list) else [stage["cmd"]]
+        on_indexes = {d for d in deps if d == "indexes" or d.startswith("indexes/")}
+        if not any("--indexes" in cmd for cmd in cmds):
+            continue
+        searching += 1
+        assert on_indexes == {"indexes/${retrieval.index}"}, (dvcfile, name, on_indexes)
+        tracked = {p for p in stage["params"] if isinstance(p, str)}
+        assert {"retrieval.index", "retrieval.url"} <= tracked, (dvcfile, name)
+    assert searching >= 3

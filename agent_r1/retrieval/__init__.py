@@ -192,11 +192,13 @@ def load_index(path_or_url: str | Path) -> SearchIndex:
     return DenseIndex.load(folder)
 
 
-def check_index(location: str | Path, key: str = "retrieval.index") -> None:
+def check_index(location: str | Path, key: str = "retrieval.index", kind: str | None = None) -> None:
     """Fail before any work if the index ``key`` names is unusable; errors name ``key`` and the location.
 
     A folder must hold a readable ``index.json``; a server must answer ``/health``
-    with the documented JSON (after the client's usual retries, since it may be starting).
+    with the documented JSON (after the client's usual retries, since it may be starting)
+    and, when ``kind`` is given, serve an index of that kind: DVC keys the stages on the
+    local folder of that kind, not on what the server holds.
     """
     if not str(location).startswith(REMOTE_INDEX_SCHEMES):
         try:
@@ -213,6 +215,11 @@ def check_index(location: str | Path, key: str = "retrieval.index") -> None:
             raise RetrievalServerError(f"{key}: {exc}") from None
     if health["status"] != "ok":
         raise RetrievalServerError(f"{key}: retrieval server at {location} reports status {health['status']!r}")
+    if kind is not None and health["kind"] != kind:
+        raise RetrievalServerError(
+            f"{key}: the retrieval server at {location} serves a {health['kind']} index, but retrieval.index "
+            f"is {kind!r}: serve indexes/{kind}, or set retrieval.index: {health['kind']}"
+        )
     log.info(
         "%s: the retrieval server at %s serves a %s index of %d documents", key, location, health["kind"], health["n_docs"]
     )

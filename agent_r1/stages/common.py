@@ -25,8 +25,9 @@ def checked_index(params: Params, indexes: Path, required: bool = False) -> Path
 
     if not (required or needs_index(params)):
         return None
-    location = paths.index_location(params.retrieval.index, indexes)
-    check_index(location)
+    retrieval = params.retrieval
+    location = paths.index_location(retrieval.index, indexes, retrieval.url)
+    check_index(location, "retrieval.url" if retrieval.url else "retrieval.index", kind=retrieval.index)
     return location
 
 
