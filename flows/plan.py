@@ -2,9 +2,11 @@
 
 DVC says which stages of paper/dvc.yaml are not up to date; each run's time is
 estimated from the runs already measured (``seconds`` in paper/metrics/train/ and
-paper/metrics/eval/, written by the train and evaluate stages): the same preset's
-seconds per RL step if it has run before, else the mean over every measured run,
-times the steps it is set to, plus an evaluation.
+paper/metrics/eval/, and the default pipeline's metrics/train/ and metrics/eval/,
+written by the train and evaluate stages): the same preset's seconds per RL step if
+it has run before, else those of measured runs of its kind (algorithm, representation,
+LoRA or not), else of every measured run, times the steps it is set to, plus an
+evaluation of the test set at the measured seconds per question.
 
     python -m flows.plan          # print the plan of paper/dvc.yaml (runs nothing)
 """
@@ -17,6 +19,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent_r1.config import Params, experiment_params, load_params, with_presets
 from agent_r1.paths import split_seeded
 from tasks.dvc_stage import dvc_command, pipeline_stages, training_target
 
@@ -28,6 +31,7 @@ class Planned:
     stage: str
     steps: int  # RL steps it trains (0: no training)
     seconds: float | None  # None: nothing measured to estimate from
+    basis: str = ""  # what the time per step was taken from (Measurements.estimate)
 
 
 def stale_stages(repo: Path, dvcfile: str) -> list[str]:
@@ -57,28 +61,66 @@ def per_step(runs: list[dict]) -> list[float]:
             for r in runs if r.get("steps")]
 
 
-def estimate(preset: str, steps: int, train: dict[str, list[dict]], evals: dict[str, list[dict]]) -> float | None:
-    """Seconds to train ``preset`` for ``steps`` and evaluate it (None: no run measured yet)."""
-    step_s = per_step(train.get(preset, [])) or [x for runs in train.values() for x in per_step(runs)]
-    eval_s = [r["seconds"] for r in evals.get(preset, []) if "seconds" in r] or [
-        r["seconds"] for rs in evals.values() for r in rs if "seconds" in r]
-    if not step_s:
-        return None
-    return steps * statistics.fmean(step_s) + (statistics.fmean(eval_s) if eval_s else 0.0)
+def kind_of(params: Params, name: str) -> tuple[str, str, bool]:
+    """What sets an experiment's cost per step: its algorithm (a critic doubles the update),
+    representation, and whether it trains LoRA adapters."""
+    p = experiment_params(params, name)
+    return p.algorithm.name, p.algorithm.representation, p.train.lora is not None
+
+
+@dataclass
+class Measurements:
+    """Seconds per RL step by experiment and by kind (:func:`kind_of`), and seconds per evaluated
+    question, from the paper's runs and the default pipeline's."""
+
+    step_s: dict[str, list[float]]
+    kind_step_s: dict[tuple[str, str, bool], list[float]]
+    question_s: list[float]
+    questions: int  # the test set's size, as last evaluated
+
+    @classmethod
+    def read(cls, repo: Path, paper: Params, default: Params) -> "Measurements":
+        step_s: dict[str, list[float]] = {}
+        kind_step_s: dict[tuple[str, str, bool], list[float]] = {}
+        sources = ((repo / PAPER_DIR / "metrics" / "train", paper), (repo / "metrics" / "train", default))
+        for folder, params in sources:
+            for name, runs in measured(folder).items():
+                if name not in params.experiments:
+                    continue
+                rates = per_step(runs)
+                if params is paper:
+                    step_s.setdefault(name, []).extend(rates)
+                kind_step_s.setdefault(kind_of(params, name), []).extend(rates)
+        evals = [r for folder in (repo / PAPER_DIR / "metrics" / "eval", repo / "metrics" / "eval")
+                 for runs in measured(folder).values() for r in runs if r.get("n") and "seconds" in r]
+        return cls(step_s, kind_step_s, [r["seconds"] / r["n"] for r in evals], max((r["n"] for r in evals), default=0))
+
+    def estimate(self, name: str, kind: tuple[str, str, bool], steps: int, evaluate: bool) -> tuple[float | None, str]:
+        """Seconds to train ``steps`` and (``evaluate``) score the test set; and what the
+        step time was taken from: the run's own preset, runs of its kind, or every run."""
+        for rates, basis in ((self.step_s.get(name), "its own runs"), (self.kind_step_s.get(kind), "its kind"),
+                             ([x for v in self.kind_step_s.values() for x in v], "all runs")):
+            if rates:
+                eval_s = statistics.fmean(self.question_s) * self.questions if evaluate and self.question_s else 0.0
+                return steps * statistics.fmean(rates) + eval_s, basis
+        return None, "nothing measured"
 
 
 def paper_plan(repo: Path = Path(".")) -> list[Planned]:
     """Each stale stage of paper/dvc.yaml with its steps and estimated seconds."""
-    root = repo / PAPER_DIR
-    train, evals = measured(root / "metrics" / "train"), measured(root / "metrics" / "eval")
+    default = load_params(repo / "params.yaml")
+    paper = with_presets(default, repo / PAPER_DIR / "presets.yaml")
+    known = Measurements.read(repo, paper, default)
     plan = []
     for stage in stale_stages(repo, str(PAPER_DIR / "dvc.yaml")):
         target = training_target(stage, repo)
         if target is None:
             plan.append(Planned(stage, 0, 0.0))
-        else:  # the curve scores the validation split in-loop, not the test split at the end
-            runs_eval = {} if target.live.name == "curve" else evals
-            plan.append(Planned(stage, target.steps, estimate(target.preset, target.steps, train, runs_eval)))
+            continue
+        # the curve scores the validation split in-loop, not the test split at the end
+        seconds, basis = known.estimate(target.preset, kind_of(paper, target.preset), target.steps,
+                                        evaluate=target.live.name != "curve")
+        plan.append(Planned(stage, target.steps, seconds, basis))
     return plan
 
 
@@ -89,7 +131,8 @@ def describe(plan: list[Planned]) -> str:
     lines = [f"paper/dvc.yaml: {len(plan)} stage(s) to run"]
     for p in plan:
         when = "not measured yet" if p.seconds is None else f"~{p.seconds / 60:.0f} min"
-        lines.append(f"  {p.stage:<45} {p.steps:>4} RL steps  {when}")
+        basis = f"  (step time of {p.basis})" if p.basis and p.steps else ""
+        lines.append(f"  {p.stage:<45} {p.steps:>4} RL steps  {when}{basis}")
     known = [p.seconds for p in plan if p.seconds is not None]
     unknown = sum(p.seconds is None for p in plan)
     total = f"~{sum(known) / 3600:.1f} h estimated" + (f", plus {unknown} run(s) not measured yet" if unknown else "")
