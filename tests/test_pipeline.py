@@ -126,7 +126,7 @@ def test_flow_runs_every_stage_then_reports_all_cached(repo: Path, prefect_harne
     assert (repo / "dvclive/grpo/plots/metrics/train/reward.tsv").exists()
     report = (repo / "reports/results.md").read_text()
     assert "| Naive RAG |" in report and "| grpo |" in report
-    assert "| grpo | SFT warm start (no RL) | 1 / 1 | 3 / 3 |" in report.split("## Paired comparisons")[1]
+    assert "| grpo | SFT warm start (no RL) | 1 / 1 | 3 / 6 |" in report.split("## Paired comparisons")[1]
     assert (repo / "reports/results.png").exists() and (repo / "reports/training.png").exists()
 
     second = pipeline(repo=str(repo))
@@ -274,17 +274,23 @@ def test_paper_presets_are_planned_apart_from_the_default_pipeline(repo: Path) -
     sh(["git", "commit", "-qm", "no paper presets"], repo)
 
 
-def test_plan_estimates_a_run_from_its_own_or_every_measured_run() -> None:
-    from flows.plan import Planned, describe, estimate
+def test_plan_estimates_a_run_from_its_own_runs_else_its_kind_else_every_run() -> None:
+    from flows.plan import Measurements, Planned, describe, per_step
 
-    train = {"grpo": [{"steps": 10, "start_step": 0, "seconds": 500.0}, {"steps": 10, "start_step": 5, "seconds": 300.0}],
-             "ppo": [{"steps": 4, "last": {"time/step_s": 100.0}}]}  # a run from before the stages timed themselves
-    evals = {"grpo": [{"seconds": 60.0}], "ppo": [{"em": 0.1}]}
-    assert estimate("grpo", 20, train, evals) == pytest.approx(20 * 55.0 + 60.0)  # (50 + 60) / 2 s a step
-    assert estimate("rloo", 2, train, evals) == pytest.approx(2 * (50 + 60 + 100) / 3 + 60.0)  # every run's mean
-    assert estimate("grpo", 5, {}, {}) is None
-    text = describe([Planned("paper/dvc.yaml:run@grpo-0", 20, 1160.0), Planned("paper/dvc.yaml:report", 0, 0.0)])
-    assert "run@grpo-0" in text and "~19 min" in text and "total: ~0.3 h estimated" in text
+    # a run resumed at step 5, and one from before the stages timed themselves
+    assert per_step([{"steps": 10, "start_step": 5, "seconds": 300.0}, {"steps": 4, "last": {"time/step_s": 100.0}}]) == [
+        60.0, 100.0]
+    grpo, ppo, rloo = ("grpo", "flat", False), ("ppo", "flat", False), ("rloo", "flat", False)
+    known = Measurements(step_s={"grpo": [50.0, 60.0]}, kind_step_s={grpo: [50.0, 60.0, 40.0], ppo: [90.0]},
+                         question_s=[0.5, 0.7], questions=400)
+    evaluation = 0.6 * 400
+    assert known.estimate("grpo", grpo, 20, evaluate=True) == (pytest.approx(20 * 55.0 + evaluation), "its own runs")
+    assert known.estimate("grpo-no-loss-mask", grpo, 10, evaluate=True) == (pytest.approx(500 + evaluation), "its kind")
+    assert known.estimate("ppo-no-masks", ppo, 10, evaluate=False) == (pytest.approx(900.0), "its kind")
+    assert known.estimate("rloo", rloo, 4, evaluate=True) == (pytest.approx(4 * 60.0 + evaluation), "all runs")
+    assert Measurements({}, {}, [], 0).estimate("grpo", grpo, 5, evaluate=True) == (None, "nothing measured")
+    text = describe([Planned("paper/dvc.yaml:run@grpo-0", 20, 1160.0, "its kind"), Planned("paper/dvc.yaml:report", 0, 0.0)])
+    assert "run@grpo-0" in text and "~19 min  (step time of its kind)" in text and "total: ~0.3 h estimated" in text
 
 
 # In `make test-slow` (about 3 min a variant): trains the presets for real, one rank and two

@@ -75,7 +75,8 @@ def test_training_stages_are_found_with_their_steps_and_curves() -> None:
     assert training_target("paper/dvc.yaml:run@grpo-no-loss-mask-2", ROOT) == (
         budget, ROOT / "paper" / "dvclive" / "grpo-no-loss-mask.seed2", "grpo-no-loss-mask")
     assert training_target("paper/dvc.yaml:extra@grpo-step-last1-0", ROOT)[1].name == "grpo-step-last1.seed0"
-    assert training_target("paper/dvc.yaml:curve", ROOT) == (100, ROOT / "paper" / "dvclive" / "curve", "grpo")
+    curve = yaml.safe_load((ROOT / "paper" / "presets.yaml").read_text())["learning_curve"]["steps"]
+    assert training_target("paper/dvc.yaml:curve", ROOT) == (curve, ROOT / "paper" / "dvclive" / "curve", "grpo")
     assert training_target("index", ROOT) is None and training_target("paper/dvc.yaml:report", ROOT) is None
 
 
