@@ -45,15 +45,30 @@ def load_encoder(encoder_dir: Path, max_seq_length: int) -> "SentenceTransformer
 
 
 def encode(model: "SentenceTransformer", texts: list[str], batch_size: int) -> np.ndarray:
-    """Unit-length float32 embeddings, one row per text (a progress bar for big corpora)."""
-    emb = model.encode(
-        texts,
-        batch_size=batch_size,
-        convert_to_numpy=True,
-        normalize_embeddings=True,
-        show_progress_bar=len(texts) >= 5000,
-    )
-    return np.ascontiguousarray(emb, dtype=np.float32)
+    """Unit-length float32 embeddings, one row per text (a progress bar for big corpora).
+
+    The batches are made here, longest text first in a stable order, not by
+    ``SentenceTransformer.encode``: it sorts by length with ``np.argsort``, whose order of
+    equal lengths depends on the CPU's SIMD (AVX-512 or AVX2), and an embedding's bits
+    depend on the batch it is in (its padding), so the same index came out with other bytes
+    on another CPU even under ``PORTABLE_CPU_NUMERICS``.
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))  # stable: CPU-independent batches
+    # sentence-transformers >= 6 names / 5 names
+    dim = getattr(model, "get_embedding_dimension", model.get_sentence_embedding_dimension)()
+    features = getattr(model, "preprocess", model.tokenize)
+    emb = np.empty((len(texts), dim), dtype=np.float32)
+    starts = range(0, len(order), batch_size)
+    model.eval()  # as SentenceTransformer.encode does: no dropout
+    with torch.inference_mode():
+        for start in tqdm(starts, desc="Batches", disable=len(texts) < 5000):
+            rows = order[start : start + batch_size]
+            out = model(features([texts[i] for i in rows]))["sentence_embedding"]
+            emb[rows] = torch.nn.functional.normalize(out.float(), p=2, dim=1).numpy()
+    return emb
 
 
 class DenseIndex:
