@@ -16,7 +16,7 @@ one should not. Unless ``--no-cost``, it also times the step on the real policy
 
 The encoder check (unless ``--no-encoder``; needs ``models/encoder`` and the prepared
 corpus) does the same for ``agent_r1.retrieval.dense.encode`` on the corpus's first
-``--encoder-texts`` documents, in batches of 16. Natively it also shows why that function
+``--encoder-texts`` documents, in batches of 8. Natively it also shows why that function
 makes its own batches: ``SentenceTransformer.encode`` batches by ``np.argsort``, whose
 order of equal lengths depends on numpy's SIMD (here AVX-512, capped to AVX2 with
 ``NPY_DISABLE_CPU_FEATURES`` as on an AVX2 CPU), and an embedding's bits depend on its
@@ -49,7 +49,7 @@ sys.path.insert(0, str(REPO))
 DEFAULT_CPUS = ("EPYC-Milan",)  # AMD Zen 3: another vendor, AVX2 and no AVX-512
 RESULT = REPO / "bench" / "results" / "portable_numerics.json"
 ENCODER = REPO / "models" / "encoder"
-ENCODER_BATCH = 16  # a few batches even over the emulated runs' few texts
+ENCODER_BATCH = 8  # a few batches even over the emulated runs' few texts
 # numpy's SIMD dispatch capped to what an AVX2 CPU gets (NPY_DISABLE_CPU_FEATURES names)
 NUMPY_AVX2 = {"NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR"}
 
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cpus", nargs="*", default=list(DEFAULT_CPUS), help="qemu -cpu names to emulate")
     p.add_argument("--no-cost", dest="cost", action="store_false", help="skip the timings natively")
     p.add_argument("--no-encoder", dest="encoder_check", action="store_false", help="skip the encoder check")
-    p.add_argument("--encoder-texts", type=int, default=64, help="documents embedded by the encoder check")
+    p.add_argument("--encoder-texts", type=int, default=24, help="documents embedded by the encoder check (emulated: minutes each)")
     args = p.parse_args(argv)
     if args.worker:
         if args.encoder:
