@@ -81,6 +81,9 @@ class SyntheticConfig(_Strict):
     n_test_ood_2hop: int = Field(
         100, ge=0, description="out-of-domain 2-hop test questions over relations and phrasings never seen in training"
     )
+    n_test_paraphrase: int = Field(
+        100, ge=0, description="out-of-domain 2-hop test questions over trained relations in phrasings never seen in training"
+    )
     entities_per_type: int = Field(400, ge=20, description="entities of each kind (people, companies, ...)")
     name_collision_rate: float = Field(
         0.15, ge=0.0, le=1.0, description="share of entities whose name is shared with another entity"

@@ -63,7 +63,7 @@ def tiny_world(out: Path, seed: int = 3) -> Path:
     from agent_r1.data.synthetic import generate
     from agent_r1.retrieval import build_index
 
-    questions, corpus = generate(SyntheticConfig(n_train=20, n_test=4, n_test_ood=0, n_test_ood_2hop=0, entities_per_type=40), seed)
+    questions, corpus = generate(SyntheticConfig(n_train=20, n_test=4, n_test_ood=0, n_test_ood_2hop=0, n_test_paraphrase=0, entities_per_type=40), seed)
     build_index("bm25", corpus, out / "bm25", RetrievalConfig())
     questions.to_parquet(out / "questions.parquet")
     return out

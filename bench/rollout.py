@@ -46,7 +46,7 @@ def world(records: int):
     from agent_r1.config import SyntheticConfig
     from agent_r1.data.synthetic import generate as synthetic_world
 
-    questions, corpus = synthetic_world(SyntheticConfig(n_train=records + 2, n_test=1, n_test_ood=0, n_test_ood_2hop=0, entities_per_type=40), 0)
+    questions, corpus = synthetic_world(SyntheticConfig(n_train=records + 2, n_test=1, n_test_ood=0, n_test_ood_2hop=0, n_test_paraphrase=0, entities_per_type=40), 0)
     return questions[questions["split"] == "train"].head(records + 2).to_dict("records"), corpus
 
 

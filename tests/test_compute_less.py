@@ -52,7 +52,7 @@ def rollout(tmp_path_factory: pytest.TempPathFactory, policy_dir: Path) -> Traje
     from agent_r1.env import make_env
     from agent_r1.rollout import make_rollout_engine, run_episodes
 
-    questions, corpus = generate(SyntheticConfig(n_train=40, n_test=20, n_test_ood=10, n_test_ood_2hop=10, entities_per_type=40), seed=5)
+    questions, corpus = generate(SyntheticConfig(n_train=40, n_test=20, n_test_ood=10, n_test_ood_2hop=10, n_test_paraphrase=10, entities_per_type=40), seed=5)
     index_dir = tmp_path_factory.mktemp("index") / "bm25"
     build_index("bm25", corpus, index_dir, RetrievalConfig())
     records = questions[questions["split"] == "train"].to_dict("records")[:2]

@@ -187,7 +187,7 @@ test_parse_round_trips_well_formed_turns, test_parse_round_trips_well_formed_tur
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], Any, set[str]]:
     """Questions of a tiny synthetic world, a real BM25 index over its corpus, and the corpus's doc ids."""
-    questions, corpus = generate(SyntheticConfig(entities_per_type=20, n_train=12, n_test=4, n_test_ood=2, n_test_ood_2hop=2), seed=3)
+    questions, corpus = generate(SyntheticConfig(entities_per_type=20, n_train=12, n_test=4, n_test_ood=2, n_test_ood_2hop=2, n_test_paraphrase=2), seed=3)
     index = build_index("bm25", corpus, tmp_path_factory.mktemp("fuzz") / "bm25", RetrievalConfig())
     records = [{k: list(v) if k in ("answers", "supporting_titles", "sub_queries") else v for k, v in r.items()}
                for r in questions.to_dict("records")]  # fmt: skip

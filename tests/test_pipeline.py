@@ -24,7 +24,7 @@ TINY_DATA = {
     "source": "synthetic",
     "seed": 3,
     "val_questions": 4,
-    "synthetic": {"n_train": 40, "n_test": 20, "n_test_ood": 10, "n_test_ood_2hop": 10, "entities_per_type": 40},
+    "synthetic": {"n_train": 40, "n_test": 20, "n_test_ood": 10, "n_test_ood_2hop": 10, "n_test_paraphrase": 10, "entities_per_type": 40},
 }
 # Every stage for real, at toy sizes: 2 demos, 2 RL steps of 2 questions x 2 samples, 4 eval questions per source.
 # One checkpoint per run (save_every = steps): each is ~2 GB of the real model's ZeRO states.
@@ -112,21 +112,22 @@ def test_flow_runs_every_stage_then_reports_all_cached(repo: Path, prefect_harne
     assert (repo / "models/policy/model.safetensors").exists()
     assert (repo / "indexes/bm25/index.json").exists() and (repo / "indexes/dense/index.json").exists()
     data = json.loads((repo / "metrics/data.json").read_text())
-    assert data["train"]["n"] == 36 and data["val"]["n"] == 4 and data["test"]["n"] == 40
+    assert data["train"]["n"] == 36 and data["val"]["n"] == 4 and data["test"]["n"] == 50
     retrieval = json.loads((repo / "metrics/retrieval.json").read_text())
     assert retrieval["top_k"] == 3 and {"bm25", "dense"} <= set(retrieval)
     for method in ("naive_rag", "base_tool_call", "sft", "grpo"):
         result = json.loads((repo / f"metrics/eval/{method}.json").read_text())
-        assert result["n"] == 9 and set(result["by_source"]) == {"synthetic", "synthetic_3hop", "synthetic_2hop_ood"}
+        assert result["n"] == 12 and set(result["by_source"]) == {
+            "synthetic", "synthetic_3hop", "synthetic_2hop_ood", "synthetic_2hop_paraphrase"}
         outcomes = [json.loads(line) for line in (repo / f"outcomes/{method}.jsonl").read_text().splitlines()]
-        assert len(outcomes) == 9 and {"id", "source", "type", "em", "f1", "tool_calls", "answer"} <= set(outcomes[0])
-        assert sum(o["em"] for o in outcomes) / 9 == pytest.approx(result["em"], abs=1e-4)
+        assert len(outcomes) == 12 and {"id", "source", "type", "em", "f1", "tool_calls", "answer"} <= set(outcomes[0])
+        assert sum(o["em"] for o in outcomes) / 12 == pytest.approx(result["em"], abs=1e-4)
     assert (repo / "models/trained/grpo/model.safetensors").exists()
     assert json.loads((repo / "checkpoints/grpo/latest.json").read_text())["step"] == 2  # the final one
     assert (repo / "dvclive/grpo/plots/metrics/train/reward.tsv").exists()
     report = (repo / "reports/results.md").read_text()
     assert "| Naive RAG |" in report and "| grpo |" in report
-    assert "| grpo | SFT warm start (no RL) | 1 / 1 | 3 / 6 |" in report.split("## Paired comparisons")[1]
+    assert "| grpo | SFT warm start (no RL) | 1 / 1 | 3 / 9 |" in report.split("## Paired comparisons")[1]
     assert (repo / "reports/results.png").exists() and (repo / "reports/training.png").exists()
 
     second = pipeline(repo=str(repo))

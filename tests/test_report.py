@@ -219,7 +219,7 @@ def test_report_stage_leaves_out_removed_experiments(tmp_path: Path, monkeypatch
     from agent_r1.stages.report import report
 
     monkeypatch.chdir(tmp_path)
-    questions, _ = generate(SyntheticConfig(n_train=20, n_test=4, n_test_ood=2, n_test_ood_2hop=2, entities_per_type=20), seed=0)
+    questions, _ = generate(SyntheticConfig(n_train=20, n_test=4, n_test_ood=2, n_test_ood_2hop=2, n_test_paraphrase=2, entities_per_type=20), seed=0)
     write_parquet("data/prepared/train.parquet", questions[questions["split"] == "train"])
     Path("metrics/eval").mkdir(parents=True)
     for method in ("sft", "grpo", "old"):

@@ -352,7 +352,7 @@ def test_server_killed_mid_rollout_stops_run_episodes(policy_dir, tmp_path, monk
     from agent_r1.training import expert
     from agent_r1.training.sft import expert_demonstrations
 
-    questions, corpus = generate(SyntheticConfig(n_train=12, n_test=4, n_test_ood=2, n_test_ood_2hop=2, entities_per_type=20), seed=5)
+    questions, corpus = generate(SyntheticConfig(n_train=12, n_test=4, n_test_ood=2, n_test_ood_2hop=2, n_test_paraphrase=2, entities_per_type=20), seed=5)
     build_index("bm25", corpus, tmp_path / "bm25", RetrievalConfig())
     records = questions[questions["split"] == "train"].head(4).to_dict("records")
     tok, params = AutoTokenizer.from_pretrained(policy_dir), Params()
@@ -437,7 +437,7 @@ def test_baselines_stage_scores_the_same_through_the_server(policy_dir, tmp_path
     from agent_r1.stages.baselines import baselines
 
     monkeypatch.chdir(tmp_path)
-    questions, corpus = generate(SyntheticConfig(n_train=8, n_test=6, n_test_ood=4, n_test_ood_2hop=4, entities_per_type=20), seed=3)
+    questions, corpus = generate(SyntheticConfig(n_train=8, n_test=6, n_test_ood=4, n_test_ood_2hop=4, n_test_paraphrase=4, entities_per_type=20), seed=3)
     Path("data/prepared").mkdir(parents=True)
     questions[questions["split"] == "test"].to_parquet("data/prepared/test.parquet", index=False)
     Path("models").mkdir()

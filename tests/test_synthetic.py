@@ -24,7 +24,7 @@ from agent_r1.data.schema import CORPUS_COLUMNS, QUESTION_COLUMNS, validate_corp
 from agent_r1.data.synthetic import generate
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = {"entities_per_type": 120, "n_train": 300, "n_test": 100, "n_test_ood": 60, "n_test_ood_2hop": 40}
+SMALL = {"entities_per_type": 120, "n_train": 300, "n_test": 100, "n_test_ood": 60, "n_test_ood_2hop": 40, "n_test_paraphrase": 40}
 SEED = 7
 DIRECTIONS = {"older": min, "first": min, "earlier": min, "younger": max, "newer": max, "more recent": max}
 
@@ -101,13 +101,15 @@ def test_schema_sizes_types_and_ids(world: tuple[pd.DataFrame, pd.DataFrame]) ->
     validate_corpus(corpus)
     train, test = questions[questions["split"] == "train"], questions[questions["split"] == "test"]
     assert len(train) == SMALL["n_train"]
-    assert len(test) == SMALL["n_test"] + SMALL["n_test_ood"] + SMALL["n_test_ood_2hop"]
+    assert len(test) == SMALL["n_test"] + SMALL["n_test_ood"] + SMALL["n_test_ood_2hop"] + SMALL["n_test_paraphrase"]
     assert set(questions["split"]) == {"train", "test"}
     assert set(train["type"]) == {"bridge", "comparison"}
     assert Counter(test["type"])["compositional"] == SMALL["n_test_ood"]
     assert Counter(test["type"])["unseen_relation"] == SMALL["n_test_ood_2hop"]
-    assert set(test["type"]) == {"bridge", "comparison", "compositional", "unseen_relation"}
-    sources = {"compositional": "synthetic_3hop", "unseen_relation": "synthetic_2hop_ood"}
+    assert Counter(test["type"])["paraphrase"] == SMALL["n_test_paraphrase"]
+    assert set(test["type"]) == {"bridge", "comparison", "compositional", "unseen_relation", "paraphrase"}
+    sources = {"compositional": "synthetic_3hop", "unseen_relation": "synthetic_2hop_ood",
+               "paraphrase": "synthetic_2hop_paraphrase"}
     for row in questions.itertuples():
         assert re.fullmatch(rf"syn-{row.split}-\d{{6}}", row.id), row.id
         assert row.source == sources.get(row.type, "synthetic"), row.id
@@ -118,41 +120,61 @@ def test_schema_sizes_types_and_ids(world: tuple[pd.DataFrame, pd.DataFrame]) ->
     assert corpus["title"].is_unique, "two documents share a title: supporting titles would be ambiguous"
     assert corpus["doc_id"].str.fullmatch(r"(country|city|person|company|product|film|note)-\d{5}").all()
     # several templates per type, so a policy cannot learn one phrasing
-    for qtype, n_min in (("bridge", 8), ("comparison", 6), ("compositional", 3), ("unseen_relation", 5)):
+    for qtype, n_min in (("bridge", 8), ("comparison", 6), ("compositional", 3), ("unseen_relation", 5),
+                         ("paraphrase", 8)):
         openings = {" ".join(q.split()[:3]) for q in questions.loc[questions["type"] == qtype, "question"]}
         assert len(openings) >= n_min, (qtype, openings)
 
 
-def test_out_of_domain_2hop_questions_follow_unseen_relations_and_are_answerable(
-    world: tuple[pd.DataFrame, pd.DataFrame],
-) -> None:
-    """Each 2-hop OOD template uses a relation no training template uses, in words no training
-    template shares 4 in a row with; each question's first document names its second hop, whose
-    own document states the answer, so two searches reach it as in training."""
-    from agent_r1.data.synthetic import BRIDGES, COMPARISONS, UNSEEN_RELATIONS
+def _four_grams(template: str) -> set[tuple[str, ...]]:
+    words = re.sub(r"\{\w\}", " ", template.lower()).replace("?", " ").replace(".", " ").split()
+    return {tuple(words[i : i + 4]) for i in range(len(words) - 3)}
 
-    def four_grams(template: str) -> set[tuple[str, ...]]:
-        words = re.sub(r"\{\w\}", " ", template.lower()).replace("?", " ").split()
-        return {tuple(words[i : i + 4]) for i in range(len(words) - 3)}
 
-    seen = {r for t in BRIDGES for r in (*t.path, t.answer)} | {r for t in COMPARISONS for r in (t.key, t.answer)}
-    trained = set().union(*(four_grams(x) for t in (*BRIDGES, *COMPARISONS) for x in t.texts))
-    for t in UNSEEN_RELATIONS:
-        assert len(t.path) == 1 and {*t.path, t.answer} - seen, t.name
-        assert all(not four_grams(x) & trained for x in t.texts), t.name
+def _assert_reachable_in_two_searches(world: tuple[pd.DataFrame, pd.DataFrame], qtype: str, source: str) -> None:
+    """Each question's first document names its second hop, whose own document states the
+    answer, so two searches reach it as in training."""
     questions, corpus = world
     text = dict(zip(corpus["title"], corpus["text"]))
-    ood = questions[questions["type"] == "unseen_relation"]
-    assert set(ood["source"]) == {"synthetic_2hop_ood"}
+    ood = questions[questions["type"] == qtype]
+    assert set(ood["source"]) == {source}
     for row in ood.itertuples():
         first, second = row.supporting_titles
         assert mentions(text[first], bare_name(second)), row.id
         assert mentions(text[second], row.answers[0]) and not mentions(row.question, row.answers[0]), row.id
 
 
-def test_adding_the_2hop_ood_set_leaves_every_other_question_and_the_corpus_as_they_were() -> None:
+def test_out_of_domain_2hop_questions_follow_unseen_relations_and_are_answerable(
+    world: tuple[pd.DataFrame, pd.DataFrame],
+) -> None:
+    """Each 2-hop OOD template uses a relation no training template uses, in words no training
+    template shares 4 in a row with."""
+    from agent_r1.data.synthetic import BRIDGES, COMPARISONS, UNSEEN_RELATIONS
+
+    seen = {r for t in BRIDGES for r in (*t.path, t.answer)} | {r for t in COMPARISONS for r in (t.key, t.answer)}
+    trained = set().union(*(_four_grams(x) for t in (*BRIDGES, *COMPARISONS) for x in t.texts))
+    for t in UNSEEN_RELATIONS:
+        assert len(t.path) == 1 and {*t.path, t.answer} - seen, t.name
+        assert all(not _four_grams(x) & trained for x in t.texts), t.name
+    _assert_reachable_in_two_searches(world, "unseen_relation", "synthetic_2hop_ood")
+
+
+def test_paraphrases_ask_every_trained_relation_in_untrained_words(world: tuple[pd.DataFrame, pd.DataFrame]) -> None:
+    """One paraphrase per training bridge: the same relations, no 4 words in a row shared with
+    any training template."""
+    from agent_r1.data.synthetic import BRIDGES, COMPARISONS, PARAPHRASES
+
+    trained = set().union(*(_four_grams(x) for t in (*BRIDGES, *COMPARISONS) for x in t.texts))
+    assert [(t.name, t.root_kind, t.path, t.answer) for t in PARAPHRASES] == [
+        (t.name, t.root_kind, t.path, t.answer) for t in BRIDGES]
+    for t in PARAPHRASES:
+        assert all(_four_grams(x) and not _four_grams(x) & trained for x in t.texts), t.name
+    _assert_reachable_in_two_searches(world, "paraphrase", "synthetic_2hop_paraphrase")
+
+
+def test_adding_the_2hop_ood_sets_leaves_every_other_question_and_the_corpus_as_they_were() -> None:
     with_2hop, corpus = generate(SyntheticConfig(**SMALL), SEED)
-    without, corpus_without = generate(SyntheticConfig(**{**SMALL, "n_test_ood_2hop": 0}), SEED)
+    without, corpus_without = generate(SyntheticConfig(**{**SMALL, "n_test_ood_2hop": 0, "n_test_paraphrase": 0}), SEED)
     assert corpus.equals(corpus_without)
     assert with_2hop.iloc[: len(without)].reset_index(drop=True).equals(without.reset_index(drop=True))
 
@@ -316,6 +338,6 @@ def test_generated_answer_normalising_to_empty_is_rejected(monkeypatch: pytest.M
         return real(question, "!!" if len(calls) == 1 else answer, *rest)
 
     monkeypatch.setattr(synthetic, "_record", first_answer_is_punctuation)
-    cfg = SyntheticConfig(n_train=40, n_test=20, n_test_ood=10, n_test_ood_2hop=10, entities_per_type=40)
+    cfg = SyntheticConfig(n_train=40, n_test=20, n_test_ood=10, n_test_ood_2hop=10, n_test_paraphrase=10, entities_per_type=40)
     with pytest.raises(SchemaError, match=r"synthetic\(seed=3\): question id 'syn-\w+-\d+': answer '!!' normalises to the empty string"):
         synthetic.generate(cfg, seed=3)

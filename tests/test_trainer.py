@@ -24,7 +24,7 @@ from agent_r1.training.loop import build_models, iteration_questions, shard, tra
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> tuple[pd.DataFrame, Path]:
-    questions, corpus = generate(SyntheticConfig(n_train=40, n_test=20, n_test_ood=10, n_test_ood_2hop=10, entities_per_type=40), seed=5)
+    questions, corpus = generate(SyntheticConfig(n_train=40, n_test=20, n_test_ood=10, n_test_ood_2hop=10, n_test_paraphrase=10, entities_per_type=40), seed=5)
     index_dir = tmp_path_factory.mktemp("index") / "bm25"
     build_index("bm25", corpus, index_dir, RetrievalConfig())
     return questions, index_dir

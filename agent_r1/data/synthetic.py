@@ -17,7 +17,9 @@ headroom for RL:
   domain (test only), 3-hop ``compositional`` and 2-hop ``unseen_relation``: one hop
   over a relation no training question follows (a film's star, where it was shot,
   where a person moved, what a founder studied), asked in words no training template
-  uses, the way 2Wiki and MuSiQue differ from HotpotQA.
+  uses, the way 2Wiki and MuSiQue differ from HotpotQA; and 2-hop ``paraphrase``: a
+  trained relation asked in words no training template uses (the shift in wording
+  alone, which a trained agent can reach without a new answer type).
 
 Every question's supporting documents are listed in hop order with one gold
 search query per hop (``sub_queries``). Documents only point forward (a product
@@ -601,6 +603,28 @@ UNSEEN_RELATIONS: tuple[Bridge, ...] = (
     Bridge("company_founder_subject", "company", ("founded_by",), "subject",
            ("What did the person who set up {r} study at university?",)),
 )
+# Out of domain, 2-hop: one paraphrase of each BRIDGES relation, sharing no 4 words in a row
+# with any training template: the question's wording changes, the answer's type does not.
+PARAPHRASES: tuple[Bridge, ...] = (
+    Bridge("product_company_founder", "product", ("made_by",), "founded_by",
+           ("Name the person who set up the firm that manufactures {r}.",)),
+    Bridge("product_company_hq", "product", ("made_by",), "hq",
+           ("{r} comes from a firm based in which city?",)),
+    Bridge("product_company_year", "product", ("made_by",), "founded",
+           ("The firm that manufactures {r} dates from which year?",)),
+    Bridge("film_director_city", "film", ("directed_by",), "born_in",
+           ("The filmmaker behind {f} was born in what city?",)),
+    Bridge("film_director_year", "film", ("directed_by",), "birth_year",
+           ("The filmmaker behind {f} was born in what year?",)),
+    Bridge("company_founder_year", "company", ("founded_by",), "birth_year",
+           ("{r} was started by someone born in what year?",)),
+    Bridge("company_founder_city", "company", ("founded_by",), "born_in",
+           ("Whoever started {r} was born in what city?",)),
+    Bridge("company_hq_country", "company", ("hq",), "country",
+           ("{r} keeps its head office in what nation?",)),
+    Bridge("person_birth_country", "person", ("born_in",), "country",
+           ("Which nation is home to the birthplace of {r}?",)),
+)
 COMPARISONS: tuple[Comparison, ...] = (
     Comparison("older_company_founder", "company", "founded", False, "founded_by",
                ("Who founded the older company, {a} or {b}?",
@@ -775,8 +799,9 @@ def generate(cfg: SyntheticConfig, seed: int) -> tuple[pd.DataFrame, pd.DataFram
 
     Questions hold both splits: ``train`` (bridge + comparison, ``cfg.n_train``) and
     ``test`` (``cfg.n_test`` in-domain, then ``cfg.n_test_ood`` 3-hop compositional, then
-    ``cfg.n_test_ood_2hop`` 2-hop over unseen relations: drawn last, so adding them left
-    every earlier question as it was). Train and test name disjoint root entities; the
+    ``cfg.n_test_ood_2hop`` 2-hop over unseen relations, then ``cfg.n_test_paraphrase``
+    2-hop paraphrases: each set drawn after the ones before, so adding it left every
+    earlier question as it was). Train and test name disjoint root entities; the
     corpus is shared by both.
     """
     rng = random.Random(seed)
@@ -791,12 +816,16 @@ def generate(cfg: SyntheticConfig, seed: int) -> tuple[pd.DataFrame, pd.DataFram
                         "synthetic_3hop", "n_test_ood", cfg.n_test_ood) if cfg.n_test_ood else []
     ood_2hop = _draw_bridges(world, UNSEEN_RELATIONS, roots["test"], cfg.n_test_ood_2hop, rng, "unseen_relation",
                              "synthetic_2hop_ood", "n_test_ood_2hop", cfg.n_test_ood_2hop) if cfg.n_test_ood_2hop else []
+    paraphrase = _draw_bridges(world, PARAPHRASES, roots["test"], cfg.n_test_paraphrase, rng, "paraphrase",
+                               "synthetic_2hop_paraphrase", "n_test_paraphrase",
+                               cfg.n_test_paraphrase) if cfg.n_test_paraphrase else []
+    ood_all = ood + ood_2hop + paraphrase
     records = []
-    for split, recs in (("train", train), ("test", test + ood + ood_2hop)):
+    for split, recs in (("train", train), ("test", test + ood_all)):
         for i, rec in enumerate(recs):
             records.append({"id": f"syn-{split}-{i:06d}", **rec, "split": split})
     log.info("synthetic world: %d entities (%d share a name), %d documents, %d train / %d test questions",
-             len(world.entities), sum(world.shared_names.values()), len(corpus), len(train), len(test) + len(ood) + len(ood_2hop))
+             len(world.entities), sum(world.shared_names.values()), len(corpus), len(train), len(test) + len(ood_all))
     return questions_frame(records, f"synthetic(seed={seed})"), corpus_frame(corpus, f"synthetic(seed={seed})")
 
 

@@ -62,7 +62,7 @@ def logprobs(model: torch.nn.Module, prompt: list[int], completion: list[int]) -
 def test_train_rl_rolls_out_with_vllm_and_syncs_the_updated_weights(
     tiny_policy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    questions, corpus = synthetic_world(SyntheticConfig(n_train=20, n_test=4, n_test_ood=0, n_test_ood_2hop=0, entities_per_type=40), 3)
+    questions, corpus = synthetic_world(SyntheticConfig(n_train=20, n_test=4, n_test_ood=0, n_test_ood_2hop=0, n_test_paraphrase=0, entities_per_type=40), 3)
     build_index("bm25", corpus, tmp_path / "bm25", RetrievalConfig())
     built = []  # the real engine train_rl builds, kept to query it after the run
 
