@@ -942,12 +942,24 @@ def parse_params(raw: Any, source: str = "<params>") -> Params:
 
 class LearningCurveConfig(_Strict):
     """One long run of a preset, scored on the validation split every ``eval_every`` steps:
-    the curve the presets' step budget (``overrides.train.steps``) is chosen on."""
+    the curve the presets' step budget (``budget.steps``) is chosen on."""
 
     experiment: str = Field("grpo", min_length=1, description="the preset it runs (an experiments key)")
     steps: int = Field(100, ge=1)
     eval_every: int = Field(10, ge=1)
     eval_questions: int = Field(100, ge=1, description="validation questions per eval")
+
+
+class RunBudget(_Strict):
+    """The RL budget every preset trains, read off the learning curve. A key of its own, not in
+    ``overrides``: the curve reads ``overrides`` but sets its own steps, so choosing the budget
+    leaves the curve up to date."""
+
+    steps: int = Field(ge=1, description="train.steps of every run (a preset's own overrides still win)")
+    eval_every: int | None = Field(None, ge=1, description="train.eval_every of every run; null = params.yaml's")
+
+    def as_overrides(self) -> dict[str, Any]:
+        return {"train": self.model_dump(exclude_none=True)}
 
 
 class PresetsFile(_Strict):
@@ -959,6 +971,7 @@ class PresetsFile(_Strict):
     overrides: dict[str, Any] = Field(
         default_factory=dict, description="params groups every preset changes (beneath its own overrides)"
     )
+    budget: RunBudget | None = None
     learning_curve: LearningCurveConfig | None = None
 
     @field_validator("seeds")
@@ -996,12 +1009,13 @@ def read_presets(path: str | Path) -> PresetsFile:
 
 def with_presets(params: Params, path: str | Path) -> Params:
     """``params`` with its ``experiments`` replaced by those of a presets file, each over the
-    file's shared ``overrides``. Everything else is shared with params.yaml; errors name the
+    file's shared ``overrides`` and its ``budget``. Everything else is shared with params.yaml; errors name the
     presets file and the key."""
     presets = read_presets(path)
+    shared = _deep_merge(presets.overrides, presets.budget.as_overrides() if presets.budget else {})
     merged = params.model_dump()
     merged["experiments"] = {
-        name: {**exp, "overrides": _deep_merge(presets.overrides, exp.get("overrides") or {}),
+        name: {**exp, "overrides": _deep_merge(shared, exp.get("overrides") or {}),
                "seeds": presets.seeds_of(name)}
         if isinstance(exp, dict) else exp
         for name, exp in {**presets.experiments, **presets.extra}.items()

@@ -163,6 +163,11 @@ def test_presets_file_shares_overrides_and_seeds(tmp_path: Path) -> None:
     assert (a.train.steps, a.train.actor_lr, b.train.steps) == (9, 2e-5, 7)  # the preset's own override wins
     assert params.experiments["a"].seeds == [3, 4] and params.experiments["b"].seeds == [3]
     assert read_presets(f).seeds_of("b") == [3]
+    f.write_text("budget: {steps: 5, eval_every: 5}\noverrides: {train: {steps: 7, actor_lr: 2.0e-5}}\n"
+                 "experiments:\n  a: {init: base, overrides: {train: {steps: 9}}}\n  b: {init: base}\n")
+    params = with_presets(load_params(ROOT / "params.yaml"), f)
+    a, b = experiment_params(params, "a").train, experiment_params(params, "b").train
+    assert (a.steps, b.steps, b.eval_every, b.actor_lr) == (9, 5, 5, 2e-5)  # the budget over `overrides`
     for text, needle in [
         ("seeds: [1, 1]\nexperiments: {}\n", "seeds: must be distinct"),
         ("experiments: {a: {}}\nextra: {a: {}}\n", "extra: ['a'] also in experiments"),

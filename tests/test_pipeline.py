@@ -211,6 +211,7 @@ def test_bad_params_fail_the_stage_naming_the_key(repo: Path) -> None:
 
 TINY_PRESETS = {
     "seeds": [0],
+    "budget": {"steps": 2},
     "overrides": {},
     "learning_curve": {"experiment": "grpo", "steps": 2, "eval_every": 1, "eval_questions": 2},
     "extra": {},
@@ -345,6 +346,15 @@ def test_paper_presets_run_apart_from_the_default_pipeline(repo: Path, prefect_h
     # (the learning curve runs the grpo preset: its curve is stale too)
     assert planned == ["Running stage 'paper/dvc.yaml:curve':", "Running stage 'paper/dvc.yaml:curve_start':",
                        "Running stage 'paper/dvc.yaml:run@grpo-0':",
+                       "Running stage 'paper/dvc.yaml:report':"]
+    # the budget, chosen on the curve, changes: every run and the report re-run, the curve does not
+    presets = yaml.safe_load((repo / "paper/presets.yaml").read_text())
+    presets["experiments"]["grpo"]["overrides"]["train"] = {}
+    presets["budget"] = {"steps": 1}
+    (repo / "paper/presets.yaml").write_text(yaml.safe_dump(presets, sort_keys=False))
+    plan = dvc(repo, "repro", "--dry", "paper/dvc.yaml").stdout
+    planned = [line for line in plan.splitlines() if line.startswith("Running stage")]
+    assert planned == ["Running stage 'paper/dvc.yaml:run@grpo-0':", "Running stage 'paper/dvc.yaml:run@grpo-no-loss-mask-0':",
                        "Running stage 'paper/dvc.yaml:report':"]
     sh(["git", "checkout", "paper/presets.yaml"], repo)
     # what git holds is enough: without the trained policies and checkpoints (a fresh clone

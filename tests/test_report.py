@@ -160,7 +160,7 @@ def test_curve_section_pairs_the_trained_policy_with_its_start(tmp_path: Path) -
             {"em": em, "n": 10, "by_type": {"bridge": {"em": em, "n": 10}}}))
     section = learning_curve_section(tmp_path / "curve", tmp_path / "c.png", tmp_path / "start.json",
                                      tmp_path / "end.json", {20})
-    assert "so **20 steps**" in section[4] and "The presets train `overrides.train.steps` = 20." in section[4]
+    assert "so **20 steps**" in section[4] and "The presets train `budget.steps` = 20." in section[4]
     # 4 questions only the trained policy got right, none the other way: McNemar p = 2 / 2^4
     assert "Δ EM +0.400 [" in section[5] and "(4/0)" in section[5] and "p = 0.125" in section[5]
     assert section[6] == "By question type: bridge 0.20 -> 0.60 (n 10)."

@@ -71,7 +71,7 @@ def test_training_stages_are_found_with_their_steps_and_curves() -> None:
 
     steps = yaml.safe_load((ROOT / "params.yaml").read_text())["train"]["steps"]
     assert training_target("train@grpo", ROOT) == (steps, ROOT / "dvclive" / "grpo", "grpo")
-    budget = yaml.safe_load((ROOT / "paper" / "presets.yaml").read_text())["overrides"]["train"]["steps"]
+    budget = yaml.safe_load((ROOT / "paper" / "presets.yaml").read_text())["budget"]["steps"]
     assert training_target("paper/dvc.yaml:run@grpo-no-loss-mask-2", ROOT) == (
         budget, ROOT / "paper" / "dvclive" / "grpo-no-loss-mask.seed2", "grpo-no-loss-mask")
     assert training_target("paper/dvc.yaml:extra@grpo-step-last1-0", ROOT)[1].name == "grpo-step-last1.seed0"

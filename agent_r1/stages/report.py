@@ -83,9 +83,9 @@ def curve_budget_line(points: list[tuple[int, float]], n: int, presets_steps: se
     line = (f"Budget rule (the earliest eval within one standard error of the best): best validation EM "
             f"{best:.3f} at step {at}, SE {se:.3f} (n = {n}), so **{step} steps**. ")
     if presets_steps == {step}:
-        return line + f"The presets train `overrides.train.steps` = {step}."
+        return line + f"The presets train `budget.steps` = {step}."
     have = ", ".join(str(x) for x in sorted(presets_steps))
-    return line + f"The presets train {have} steps, not the rule's {step}: re-choose `overrides.train.steps`."
+    return line + f"The presets train {have} steps, not the rule's {step}: re-choose `budget.steps`."
 
 
 def curve_paired_lines(start: Path, end: Path) -> list[str]:
@@ -120,7 +120,7 @@ def learning_curve_section(
     lines = [f"step {s}: validation EM {v:.3f}" + (" (the starting model)" if s == 0 else "") for s, v in points]
     section = ["## Learning curve (validation split)", f"![learning curve]({png.name})",
                "One long run of the curve's preset from the warm start, scored on the validation split (never "
-               "the test split); the presets' step budget (`overrides.train.steps`) is chosen on it.",
+               "the test split); the presets' step budget (`budget.steps`) is chosen on it.",
                "\n".join(f"- {line}" for line in lines) or "(no validation evals logged yet)"]
     if points and first:
         section.append(curve_budget_line(points, first["n"], presets_steps))
