@@ -360,3 +360,19 @@ def test_rolling_mean_averages_each_value_with_the_ones_before_it() -> None:
 
     assert rolling_mean([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
     assert rolling_mean([2.0, 4.0], 10) == [2.0, 3.0]
+
+
+def test_out_of_domain_sources_are_also_compared_apart() -> None:
+    """Pooled, a floor source (0 for both) halves another's difference; apart, each shows its own."""
+    from agent_r1.evaluation.report import paired_section
+
+    def rows(par: list[int]) -> list[dict]:
+        return ([{"id": f"i{k}", "source": "synthetic", "em": 0} for k in range(4)]
+                + [{"id": f"f{k}", "source": "floor", "em": 0} for k in range(4)]
+                + [{"id": f"p{k}", "source": "para", "em": e} for k, e in enumerate(par)])
+
+    outcomes = {"sft": [rows([0, 0, 0, 0])], "grpo": [rows([1, 1, 0, 0])]}
+    text = "\n".join(paired_section(outcomes, ["synthetic"], {}, {}))
+    assert "| grpo | sft | 1 / 1 | 4 / 8 | +0.000 [+0.000, +0.000] (0/0) | 1 | +0.250 " in text  # pooled
+    assert "| A | B | Δ EM floor | p | Δ EM para | p |" in text
+    assert "| grpo | sft | +0.000 [+0.000, +0.000] (0/0) | 1 | +0.500 [-0.066, +1.066] (2/0) | 0.5 |" in text

@@ -432,6 +432,8 @@ def paired_section(
         n = " / ".join(str(p.n) if p else "0" for p in pairs)
         runs = f"{len(outcomes[a])} / {len(outcomes[b])}"
         rows.append([names.get(a, a), names.get(b, b), runs, n, *cells])
+    if not rows:
+        return []
     return ["## Paired comparisons",
             "A − B on the same questions, each method's EM on a question averaged over its runs (training "
             "seeds): Δ = the mean difference with its 95% CI; in brackets, on how many questions A and B did "
@@ -439,7 +441,24 @@ def paired_section(
             "exact test). Bold: p < 0.01, the difference is resolved; otherwise these questions do not tell "
             "A and B apart. The unit is the question: how far a row moves between training seeds is its "
             "`sd over seeds` in the EM table, not part of these intervals.",
-            markdown_table(header, rows)] if rows else []
+            markdown_table(header, rows),
+            *paired_by_source(outcomes, sorted(parts[1]), ablation_of, names)]
+
+
+def paired_by_source(
+    outcomes: dict[str, list[list[dict[str, Any]]]], ood_sources: list[str], ablation_of: dict[str, str],
+    names: dict[str, str],
+) -> list[str]:
+    """The same comparisons on each out-of-domain source apart (when there are several): pooled,
+    a floor row (every method at 0) would hide what another row shows."""
+    if len(ood_sources) < 2:
+        return []
+    header = ["A", "B", *[c for s in ood_sources for c in (f"Δ EM {s}", "p")]]
+    rows = []
+    for a, b in comparisons(list(outcomes), ablation_of):
+        cells = [c for s in ood_sources for c in describe(paired_runs(outcomes[a], outcomes[b], {s}))]
+        rows.append([names.get(a, a), names.get(b, b), *cells])
+    return ["Out of domain, each source apart (the same test as above):", markdown_table(header, rows)]
 
 
 def ablation_section(
