@@ -3,10 +3,11 @@
 DVC says which stages of paper/dvc.yaml are not up to date; each run's time is
 estimated from the runs already measured (``seconds`` in paper/metrics/train/ and
 paper/metrics/eval/, and the default pipeline's metrics/train/ and metrics/eval/,
-written by the train and evaluate stages): the same preset's seconds per RL step if
-it has run before, else those of measured runs of its kind (algorithm, representation,
-LoRA or not), else of every measured run, times the steps it is set to, plus an
-evaluation of the test set at the measured seconds per question.
+written by the train and evaluate stages): the same preset's seconds per trajectory of
+an RL step if it has run before, else those of measured runs of its kind (algorithm,
+representation, LoRA or not), else of every measured run, times the trajectories it
+trains (steps x questions per step x samples), plus the questions it scores (the test
+set; the curve's validation evaluations) at the measured seconds per question.
 
     python -m flows.plan          # print the plan of paper/dvc.yaml (runs nothing)
 """
@@ -19,7 +20,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent_r1.config import Params, experiment_params, load_params, with_presets
+from agent_r1.config import Params, experiment_params, load_params, read_presets, with_presets
 from agent_r1.paths import split_seeded
 from tasks.dvc_stage import dvc_command, pipeline_stages, training_target
 
@@ -61,6 +62,12 @@ def per_step(runs: list[dict]) -> list[float]:
             for r in runs if r.get("steps")]
 
 
+def trajectories_per_step(params: Params, name: str) -> int:
+    """Trajectories experiment ``name`` rolls out and trains on each RL step."""
+    p = experiment_params(params, name)
+    return p.train.questions_per_step * p.rollout.n
+
+
 def kind_of(params: Params, name: str) -> tuple[str, str, bool]:
     """What sets an experiment's cost per step: its algorithm (a critic doubles the update),
     representation, and whether it trains LoRA adapters."""
@@ -70,40 +77,53 @@ def kind_of(params: Params, name: str) -> tuple[str, str, bool]:
 
 @dataclass
 class Measurements:
-    """Seconds per RL step by experiment and by kind (:func:`kind_of`), and seconds per evaluated
-    question, from the paper's runs and the default pipeline's."""
+    """Seconds per trajectory of an RL step by experiment and by kind (:func:`kind_of`), and
+    seconds per evaluated question, from the paper's runs and the default pipeline's."""
 
-    step_s: dict[str, list[float]]
-    kind_step_s: dict[tuple[str, str, bool], list[float]]
+    trajectory_s: dict[str, list[float]]
+    kind_trajectory_s: dict[tuple[str, str, bool], list[float]]
     question_s: list[float]
     questions: int  # the test set's size, as last evaluated
 
     @classmethod
     def read(cls, repo: Path, paper: Params, default: Params) -> "Measurements":
-        step_s: dict[str, list[float]] = {}
-        kind_step_s: dict[tuple[str, str, bool], list[float]] = {}
+        trajectory_s: dict[str, list[float]] = {}
+        kind_trajectory_s: dict[tuple[str, str, bool], list[float]] = {}
         sources = ((repo / PAPER_DIR / "metrics" / "train", paper), (repo / "metrics" / "train", default))
         for folder, params in sources:
             for name, runs in measured(folder).items():
                 if name not in params.experiments:
                     continue
-                rates = per_step(runs)
+                rates = [s / trajectories_per_step(params, name) for s in per_step(runs)]
                 if params is paper:
-                    step_s.setdefault(name, []).extend(rates)
-                kind_step_s.setdefault(kind_of(params, name), []).extend(rates)
+                    trajectory_s.setdefault(name, []).extend(rates)
+                kind_trajectory_s.setdefault(kind_of(params, name), []).extend(rates)
         evals = [r for folder in (repo / PAPER_DIR / "metrics" / "eval", repo / "metrics" / "eval")
                  for runs in measured(folder).values() for r in runs if r.get("n") and "seconds" in r]
-        return cls(step_s, kind_step_s, [r["seconds"] / r["n"] for r in evals], max((r["n"] for r in evals), default=0))
+        return cls(trajectory_s, kind_trajectory_s, [r["seconds"] / r["n"] for r in evals],
+                   max((r["n"] for r in evals), default=0))
 
-    def estimate(self, name: str, kind: tuple[str, str, bool], steps: int, evaluate: bool) -> tuple[float | None, str]:
-        """Seconds to train ``steps`` and (``evaluate``) score the test set; and what the
-        step time was taken from: the run's own preset, runs of its kind, or every run."""
-        for rates, basis in ((self.step_s.get(name), "its own runs"), (self.kind_step_s.get(kind), "its kind"),
-                             ([x for v in self.kind_step_s.values() for x in v], "all runs")):
+    def estimate(self, name: str, kind: tuple[str, str, bool], trajectories: int,
+                 questions: int) -> tuple[float | None, str]:
+        """Seconds to train on ``trajectories`` (steps x trajectories a step) and score
+        ``questions``; and what the time per trajectory was taken from: the run's own preset,
+        runs of its kind, or every run."""
+        for rates, basis in ((self.trajectory_s.get(name), "its own runs"),
+                             (self.kind_trajectory_s.get(kind), "its kind"),
+                             ([x for v in self.kind_trajectory_s.values() for x in v], "all runs")):
             if rates:
-                eval_s = statistics.fmean(self.question_s) * self.questions if evaluate and self.question_s else 0.0
-                return steps * statistics.fmean(rates) + eval_s, basis
+                eval_s = statistics.fmean(self.question_s) * questions if self.question_s else 0.0
+                return trajectories * statistics.fmean(rates) + eval_s, basis
         return None, "nothing measured"
+
+
+def questions_scored(paper: Path, is_curve: bool, test_questions: int) -> int:
+    """The questions a run scores: the test set once; the curve, its validation questions at
+    step 0 (curve_start), at every ``eval_every`` and once more at the end (re-scored)."""
+    curve = read_presets(paper / "presets.yaml").learning_curve
+    if not is_curve or curve is None:
+        return test_questions
+    return (curve.steps // curve.eval_every + 2) * curve.eval_questions
 
 
 def paper_plan(repo: Path = Path(".")) -> list[Planned]:
@@ -114,12 +134,13 @@ def paper_plan(repo: Path = Path(".")) -> list[Planned]:
     plan = []
     for stage in stale_stages(repo, str(PAPER_DIR / "dvc.yaml")):
         target = training_target(stage, repo)
-        if target is None:
+        if target is None:  # curve_start's questions are counted with the curve's
             plan.append(Planned(stage, 0, 0.0))
             continue
-        # the curve scores the validation split in-loop, not the test split at the end
-        seconds, basis = known.estimate(target.preset, kind_of(paper, target.preset), target.steps,
-                                        evaluate=target.live.name != "curve")
+        is_curve = target.live.name == "curve"
+        seconds, basis = known.estimate(target.preset, kind_of(paper, target.preset),
+                                        target.steps * trajectories_per_step(paper, target.preset),
+                                        questions_scored(repo / PAPER_DIR, is_curve, known.questions))
         plan.append(Planned(stage, target.steps, seconds, basis))
     return plan
 

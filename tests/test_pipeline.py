@@ -277,22 +277,31 @@ def test_paper_presets_are_planned_apart_from_the_default_pipeline(repo: Path) -
 
 
 def test_plan_estimates_a_run_from_its_own_runs_else_its_kind_else_every_run() -> None:
-    from flows.plan import Measurements, Planned, describe, per_step
+    from flows.plan import Measurements, Planned, describe, per_step, questions_scored
 
     # a run resumed at step 5, and one from before the stages timed themselves
     assert per_step([{"steps": 10, "start_step": 5, "seconds": 300.0}, {"steps": 4, "last": {"time/step_s": 100.0}}]) == [
         60.0, 100.0]
+    # seconds per trajectory of a step: runs of 24 trajectories a step at 50 and 60 s a step, ...
     grpo, ppo, rloo = ("grpo", "flat", False), ("ppo", "flat", False), ("rloo", "flat", False)
-    known = Measurements(step_s={"grpo": [50.0, 60.0]}, kind_step_s={grpo: [50.0, 60.0, 40.0], ppo: [90.0]},
+    known = Measurements(trajectory_s={"grpo": [50 / 24, 60 / 24]},
+                         kind_trajectory_s={grpo: [50 / 24, 60 / 24, 40 / 24], ppo: [90 / 24]},
                          question_s=[0.5, 0.7], questions=400)
     evaluation = 0.6 * 400
-    assert known.estimate("grpo", grpo, 20, evaluate=True) == (pytest.approx(20 * 55.0 + evaluation), "its own runs")
-    assert known.estimate("grpo-no-loss-mask", grpo, 10, evaluate=True) == (pytest.approx(500 + evaluation), "its kind")
-    assert known.estimate("ppo-no-masks", ppo, 10, evaluate=False) == (pytest.approx(900.0), "its kind")
-    assert known.estimate("rloo", rloo, 4, evaluate=True) == (pytest.approx(4 * 60.0 + evaluation), "all runs")
-    assert Measurements({}, {}, [], 0).estimate("grpo", grpo, 5, evaluate=True) == (None, "nothing measured")
+    assert known.estimate("grpo", grpo, 20 * 24, 400) == (pytest.approx(20 * 55.0 + evaluation), "its own runs")
+    # ... so a run of half the trajectories a step takes half the time a step
+    assert known.estimate("grpo", grpo, 20 * 12, 400) == (pytest.approx(20 * 27.5 + evaluation), "its own runs")
+    assert known.estimate("grpo-no-loss-mask", grpo, 10 * 24, 400) == (pytest.approx(500 + evaluation), "its kind")
+    assert known.estimate("ppo-no-masks", ppo, 10 * 24, 0) == (pytest.approx(900.0), "its kind")
+    assert known.estimate("rloo", rloo, 4 * 24, 400) == (pytest.approx(4 * 60.0 + evaluation), "all runs")
+    assert Measurements({}, {}, [], 0).estimate("grpo", grpo, 5, 400) == (None, "nothing measured")
     text = describe([Planned("paper/dvc.yaml:run@grpo-0", 20, 1160.0, "its kind"), Planned("paper/dvc.yaml:report", 0, 0.0)])
     assert "run@grpo-0" in text and "~19 min  (step time of its kind)" in text and "total: ~0.3 h estimated" in text
+    # the curve scores its validation questions at step 0, every eval_every steps and at the end
+    paper = Path(__file__).resolve().parents[1] / "paper"
+    curve = yaml.safe_load((paper / "presets.yaml").read_text())["learning_curve"]
+    assert questions_scored(paper, True, 500) == (curve["steps"] // curve["eval_every"] + 2) * curve["eval_questions"]
+    assert questions_scored(paper, False, 500) == 500
 
 
 # In `make test-slow` (about 3 min a variant): trains the presets for real, one rank and two
