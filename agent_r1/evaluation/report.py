@@ -416,6 +416,11 @@ def comparisons(methods: list[str], ablation_of: dict[str, str]) -> list[tuple[s
     return pairs + [(a, b) for i, a in enumerate(full) for b in full[i + 1 :]]
 
 
+def _bold_resolved(cells: list[str]) -> list[str]:
+    """(Δ, p) cell pairs with each p below RESOLVED_P in bold."""
+    return [f"**{c}**" if i % 2 and c != "–" and float(c) < RESOLVED_P else c for i, c in enumerate(cells)]
+
+
 def paired_section(
     outcomes: dict[str, list[list[dict[str, Any]]]], in_domain: list[str], ablation_of: dict[str, str],
     names: dict[str, str],
@@ -427,8 +432,7 @@ def paired_section(
     rows = []
     for a, b in comparisons(list(outcomes), ablation_of):
         pairs = [paired_runs(outcomes[a], outcomes[b], part) for part in parts]
-        cells = [c for p in pairs for c in describe(p)]
-        cells[1::2] = [f"**{c}**" if c != "–" and float(c) < RESOLVED_P else c for c in cells[1::2]]
+        cells = _bold_resolved([c for p in pairs for c in describe(p)])
         n = " / ".join(str(p.n) if p else "0" for p in pairs)
         runs = f"{len(outcomes[a])} / {len(outcomes[b])}"
         rows.append([names.get(a, a), names.get(b, b), runs, n, *cells])
@@ -456,7 +460,7 @@ def paired_by_source(
     header = ["A", "B", *[c for s in ood_sources for c in (f"Δ EM {s}", "p")]]
     rows = []
     for a, b in comparisons(list(outcomes), ablation_of):
-        cells = [c for s in ood_sources for c in describe(paired_runs(outcomes[a], outcomes[b], {s}))]
+        cells = _bold_resolved([c for s in ood_sources for c in describe(paired_runs(outcomes[a], outcomes[b], {s}))])
         rows.append([names.get(a, a), names.get(b, b), *cells])
     return ["Out of domain, each source apart (the same test as above):", markdown_table(header, rows)]
 
