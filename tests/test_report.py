@@ -233,6 +233,9 @@ def test_report_stage_leaves_out_removed_experiments(tmp_path: Path, monkeypatch
                if line.startswith("| ") and "Method" not in line]
     assert methods == ["SFT warm start (no RL)", "grpo"]
     assert "old" not in text.split("## Training curves")[1]
+    Path("notes.md").write_text("## What these runs cannot show\n\nA hand-written limit.\n")
+    report(Params(), notes=Path("notes.md"))  # the paper's report ends with its notes
+    assert Path("reports/results.md").read_text().rstrip().endswith("## What these runs cannot show\n\nA hand-written limit.")
 
 
 def test_ablation_of_must_name_an_experiment() -> None:

@@ -31,12 +31,13 @@ def report(
     curve_png: Path | None = None,
     curve_start: Path | None = None,
     curve_end: Path | None = None,
+    notes: Path | None = None,
 ) -> None:
     """The results of ``eval_dir`` (the baselines and the warm start from ``baselines`` when
     given: the paper presets' report reads them from the default pipeline's metrics/eval);
     with ``curve_live`` (a long run's dvclive folder), its learning curve as ``curve_png``, from
     the starting model's validation metrics ``curve_start`` and the trained one's ``curve_end``
-    when given."""
+    when given; ``notes`` (markdown written by hand: what the runs can and cannot show) last."""
     from agent_r1.data.schema import read_questions
     from agent_r1.evaluation.report import BASELINE_ORDER, load_outcomes, training_curves, write_report
     from agent_r1.evaluation.runs import run_seeds
@@ -55,6 +56,8 @@ def report(
     if curve_live is not None and curve_png is not None:
         budgets = {experiment_params(params, name).train.steps for name in params.experiments}
         extra = (*learning_curve_section(curve_live, curve_png, curve_start, curve_end, budgets), *extra)
+    if notes is not None:
+        extra = (*extra, notes.read_text(encoding="utf-8").strip())
     methods = [*BASELINE_ORDER, *params.experiments]
     text = write_report(
         eval_dir, in_domain, out, chart, extra,
