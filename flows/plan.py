@@ -20,7 +20,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent_r1.config import Params, experiment_params, load_params, read_presets, with_presets
+from agent_r1.config import LearningCurveConfig, Params, experiment_params, load_params, read_presets, with_presets
 from agent_r1.paths import split_seeded
 from tasks.dvc_stage import dvc_command, pipeline_stages, training_target
 
@@ -117,11 +117,11 @@ class Measurements:
         return None, "nothing measured"
 
 
-def questions_scored(paper: Path, is_curve: bool, test_questions: int) -> int:
-    """The questions a run scores: the test set once; the curve, its validation questions at
-    step 0 (curve_start), at every ``eval_every`` and once more at the end (re-scored)."""
-    curve = read_presets(paper / "presets.yaml").learning_curve
-    if not is_curve or curve is None:
+def questions_scored(curve: LearningCurveConfig | None, test_questions: int) -> int:
+    """The questions a run scores: the test set once; the curve (``curve``, None for any other
+    run), its validation questions at step 0 (curve_start), at every ``eval_every`` and once
+    more at the end (re-scored)."""
+    if curve is None:
         return test_questions
     return (curve.steps // curve.eval_every + 2) * curve.eval_questions
 
@@ -131,16 +131,16 @@ def paper_plan(repo: Path = Path(".")) -> list[Planned]:
     default = load_params(repo / "params.yaml")
     paper = with_presets(default, repo / PAPER_DIR / "presets.yaml")
     known = Measurements.read(repo, paper, default)
+    curve = read_presets(repo / PAPER_DIR / "presets.yaml").learning_curve
     plan = []
     for stage in stale_stages(repo, str(PAPER_DIR / "dvc.yaml")):
         target = training_target(stage, repo)
         if target is None:  # curve_start's questions are counted with the curve's
             plan.append(Planned(stage, 0, 0.0))
             continue
-        is_curve = target.live.name == "curve"
+        scored = questions_scored(curve if target.live.name == "curve" else None, known.questions)
         seconds, basis = known.estimate(target.preset, kind_of(paper, target.preset),
-                                        target.steps * trajectories_per_step(paper, target.preset),
-                                        questions_scored(repo / PAPER_DIR, is_curve, known.questions))
+                                        target.steps * trajectories_per_step(paper, target.preset), scored)
         plan.append(Planned(stage, target.steps, seconds, basis))
     return plan
 

@@ -298,10 +298,10 @@ def test_plan_estimates_a_run_from_its_own_runs_else_its_kind_else_every_run() -
     text = describe([Planned("paper/dvc.yaml:run@grpo-0", 20, 1160.0, "its kind"), Planned("paper/dvc.yaml:report", 0, 0.0)])
     assert "run@grpo-0" in text and "~19 min  (step time of its kind)" in text and "total: ~0.3 h estimated" in text
     # the curve scores its validation questions at step 0, every eval_every steps and at the end
-    paper = Path(__file__).resolve().parents[1] / "paper"
-    curve = yaml.safe_load((paper / "presets.yaml").read_text())["learning_curve"]
-    assert questions_scored(paper, True, 500) == (curve["steps"] // curve["eval_every"] + 2) * curve["eval_questions"]
-    assert questions_scored(paper, False, 500) == 500
+    from agent_r1.config import LearningCurveConfig
+
+    curve = LearningCurveConfig(experiment="grpo", steps=60, eval_every=10, eval_questions=100)
+    assert questions_scored(curve, 500) == (6 + 2) * 100 and questions_scored(None, 500) == 500
 
 
 # In `make test-slow` (about 3 min a variant): trains the presets for real, one rank and two
