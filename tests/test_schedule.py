@@ -126,8 +126,8 @@ def test_serving_the_schedule_creates_scheduled_runs(server, tmp_path: Path) -> 
         assert all("T03:00:00" in t for t in times), times  # 03:00 UTC, as the cron says
     finally:
         serve.send_signal(signal.SIGINT)  # Ctrl-C, as a user stops it
-        try:
-            serve.wait(timeout=60)
+        try:  # serve's shutdown sometimes lingers a minute; what it does then is not this test's subject
+            serve.wait(timeout=10)
         except subprocess.TimeoutExpired:
             serve.kill()
         log.close()
