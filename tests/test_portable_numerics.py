@@ -55,3 +55,17 @@ def test_an_amd_cpu_gets_the_same_weights_under_the_pinned_settings() -> None:
     """Emulating an AMD EPYC (AVX2, no AVX-512): the portable setting's weights equal this CPU's."""
     amd, here = (run_worker(settings()["portable"], cpu) for cpu in ("EPYC-Milan", None))
     assert (amd["capability"], amd["sha256"]) == (here["capability"], here["sha256"])
+
+
+def test_the_real_machine_check_reads_the_pinned_outputs_and_the_first_departing_step() -> None:
+    """bench/pinned_outputs.py: the pinned outputs' hashes out of a lock, and the first step
+    whose warm-start loss differs in any bit (not a tolerance: bytes are what DVC compares)."""
+    from bench.pinned_outputs import first_departure, out_hashes
+
+    outs = {"index": [{"path": "indexes/bm25", "md5": "a.dir"}, {"path": "indexes/dense", "md5": "b.dir"},
+                      {"path": "metrics/retrieval.json", "md5": "c"}],
+            "sft": [{"path": "metrics/sft.json", "md5": "d"}, {"path": "models/sft", "md5": "e.dir"}]}
+    assert out_hashes({"stages": {s: {"outs": o} for s, o in outs.items()}}) == {
+        "indexes/bm25": "a.dir", "indexes/dense": "b.dir", "models/sft": "e.dir"}
+    assert first_departure([1.5, 0.25, 0.125], [1.5, 0.25, 0.125]) is None
+    assert first_departure([1.5, 0.2411026838235557, 0.1], [1.5, 0.24110258230939507, 0.1]) == 1
