@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 RESULT = REPO / "bench" / "results" / "pinned_outputs.json"
+TRACE = REPO / "bench" / "results" / "sft_trace.json"
 PINNED = {"index": ("indexes/bm25", "indexes/dense"), "sft": ("models/sft",)}  # stage -> its pinned outputs
 
 
@@ -71,10 +72,80 @@ def check(rev: str) -> dict:
     }
 
 
+def trace() -> dict:
+    """The sft stage's training again (pinned, same inputs), with each micro-batch's loss bits and
+    the weights' hash after each optimizer step."""
+    from agent_r1.stages.common import checked_index, pin_portable_numerics
+
+    pin_portable_numerics()
+    import hashlib
+    import struct
+    import tempfile
+
+    import torch
+
+    from agent_r1.config import load_params
+    from agent_r1.data.schema import read_questions
+    from agent_r1.training import sft
+
+    steps: list[dict] = [{"losses": []}]
+    make_trainable = sft.make_trainable
+
+    def recorded(*args: object, **kwargs: object) -> object:
+        engine = make_trainable(*args, **kwargs)
+        backward, step = engine.backward, engine.step
+
+        def record_backward(loss: torch.Tensor) -> None:
+            steps[-1]["losses"].append(struct.pack("<f", loss.item()).hex())
+            backward(loss)
+
+        def record_step() -> None:
+            step()
+            weights = b"".join(p.detach().numpy().tobytes() for p in engine.module.parameters())
+            steps[-1]["weights"] = hashlib.sha256(weights).hexdigest()[:16]
+            steps.append({"losses": []})
+
+        engine.backward, engine.step = record_backward, record_step
+        return engine
+
+    sft.make_trainable = recorded
+    params = load_params(REPO / "params.yaml")
+    env_params = params.model_copy(update={"env": params.env.model_copy(update={"one_shot": params.sft.one_shot})})
+    with tempfile.TemporaryDirectory() as tmp:
+        sft.train_sft(env_params, init_model=REPO / "models" / "policy",
+                      index_path=checked_index(params, REPO / "indexes"),
+                      train_questions=read_questions(REPO / "data" / "prepared" / "train.parquet").to_dict("records"),
+                      out_model=Path(tmp) / "sft")  # fmt: skip
+    from bench.portable_numerics import described_machine
+
+    return {"machine": described_machine(), "rev": git("rev-parse", "--short", "HEAD"), "steps": steps[:-1]}
+
+
+def first_trace_difference(a: list[dict], b: list[dict]) -> str | None:
+    """Where two traces first differ: a micro-batch's loss, or the weights after a step."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        for j, (lx, ly) in enumerate(zip(x["losses"], y["losses"])):
+            if lx != ly:
+                return f"step {i}, micro-batch {j}: loss"
+        if x["weights"] != y["weights"]:
+            return f"step {i}: the weights after the update"
+    return None
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rev", default="HEAD", help="the commit whose dvc.lock is the reference")
+    p.add_argument("--trace", action="store_true", help="record the warm start's training step by step")
     args = p.parse_args(argv)
+    if args.trace:
+        result = trace()
+        traces = json.loads(TRACE.read_text()) if TRACE.exists() else {}
+        for cpu, other in traces.items():
+            if cpu != result["machine"]["cpu"]:
+                print(f"against {cpu}: {first_trace_difference(other['steps'], result['steps']) or 'the same'}")
+        TRACE.write_text(json.dumps({**traces, result["machine"]["cpu"]: result}, indent=2) + "\n")
+        print(f"-> {TRACE.relative_to(REPO)}")
+        return
     result = check(args.rev)
     for path, o in result["outputs"].items():
         print(f"{path:<15} committed {o['committed']}  here {o['here']}  {'the same' if o['same'] else 'DIFFERENT'}")

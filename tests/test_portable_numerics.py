@@ -69,3 +69,14 @@ def test_the_real_machine_check_reads_the_pinned_outputs_and_the_first_departing
         "indexes/bm25": "a.dir", "indexes/dense": "b.dir", "models/sft": "e.dir"}
     assert first_departure([1.5, 0.25, 0.125], [1.5, 0.25, 0.125]) is None
     assert first_departure([1.5, 0.2411026838235557, 0.1], [1.5, 0.24110258230939507, 0.1]) == 1
+
+
+def test_two_traces_of_the_warm_start_name_where_they_first_differ() -> None:
+    """A loss bit before an update: the forward or backward of that micro-batch; equal losses and
+    other weights after: the update."""
+    from bench.pinned_outputs import first_trace_difference
+
+    a = [{"losses": ["3f800000", "3e800000"], "weights": "w0"}, {"losses": ["3e000000"], "weights": "w1"}]
+    assert first_trace_difference(a, a) is None
+    assert first_trace_difference(a, [a[0], {"losses": ["3e000001"], "weights": "w1"}]) == "step 1, micro-batch 0: loss"
+    assert first_trace_difference(a, [{**a[0], "weights": "x"}, a[1]]) == "step 0: the weights after the update"
