@@ -27,21 +27,36 @@ from tasks.dvc_stage import dvc_command, pipeline_stages, training_target
 PAPER_DIR = Path("paper")
 
 
+# The warm start's bytes follow the CPU model on some CPUs (README, "Results that travel between machines")
+WARM_START = "models/sft"
+
+
 @dataclass(frozen=True)
 class Planned:
     stage: str
     steps: int  # RL steps it trains (0: no training)
     seconds: float | None  # None: nothing measured to estimate from
     basis: str = ""  # what the time per step was taken from (Measurements.estimate)
+    warm_start_only: bool = False  # out of date only because the warm start has other bytes than the lock's
 
 
-def stale_stages(repo: Path, dvcfile: str) -> list[str]:
-    """The stages of ``dvcfile`` that `dvc repro` would run (DVC's own status), in file order."""
+def dvc_status(repo: Path, dvcfile: str) -> dict[str, list]:
+    """DVC's status of ``dvcfile``: stage -> what changed."""
     proc = subprocess.run([*dvc_command(), "status", dvcfile, "--json"], cwd=repo, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"dvc status {dvcfile} failed: {proc.stderr.strip()}")
-    changed = set(json.loads(proc.stdout or "{}"))
+    return json.loads(proc.stdout or "{}")
+
+
+def stale_stages(repo: Path, dvcfile: str, status: dict[str, list] | None = None) -> list[str]:
+    """The stages of ``dvcfile`` that `dvc repro` would run (DVC's own status), in file order."""
+    changed = dvc_status(repo, dvcfile) if status is None else status
     return [s for s in pipeline_stages(str(repo), dvcfile) if s in changed]
+
+
+def only_the_warm_start_changed(changes: list) -> bool:
+    """A stage's status entries say nothing changed but the warm start (a modified dependency)."""
+    return changes == [{"changed deps": {WARM_START: "modified"}}]
 
 
 def measured(folder: Path) -> dict[str, list[dict]]:
@@ -132,16 +147,18 @@ def paper_plan(repo: Path = Path(".")) -> list[Planned]:
     paper = with_presets(default, repo / PAPER_DIR / "presets.yaml")
     known = Measurements.read(repo, paper, default)
     curve = read_presets(repo / PAPER_DIR / "presets.yaml").learning_curve
+    status = dvc_status(repo, str(PAPER_DIR / "dvc.yaml"))
     plan = []
-    for stage in stale_stages(repo, str(PAPER_DIR / "dvc.yaml")):
+    for stage in stale_stages(repo, str(PAPER_DIR / "dvc.yaml"), status):
+        warm = only_the_warm_start_changed(status[stage])
         target = training_target(stage, repo)
         if target is None:  # curve_start's questions are counted with the curve's
-            plan.append(Planned(stage, 0, 0.0))
+            plan.append(Planned(stage, 0, 0.0, warm_start_only=warm))
             continue
         scored = questions_scored(curve if target.live.name == "curve" else None, known.questions)
         seconds, basis = known.estimate(target.preset, kind_of(paper, target.preset),
                                         target.steps * trajectories_per_step(paper, target.preset), scored)
-        plan.append(Planned(stage, target.steps, seconds, basis))
+        plan.append(Planned(stage, target.steps, seconds, basis, warm))
     return plan
 
 
@@ -157,7 +174,12 @@ def describe(plan: list[Planned]) -> str:
     known = [p.seconds for p in plan if p.seconds is not None]
     unknown = sum(p.seconds is None for p in plan)
     total = f"~{sum(known) / 3600:.1f} h estimated" + (f", plus {unknown} run(s) not measured yet" if unknown else "")
-    return "\n".join([*lines, f"  total: {total} (2 CPU cores; README, 'The paper's experiments')"])
+    lines.append(f"  total: {total} (2 CPU cores; README, 'The paper's experiments')")
+    if warm := sum(p.warm_start_only for p in plan):
+        lines.append(f"  {warm} of them only because {WARM_START} came out with other bytes than the committed "
+                     "lock's (on some CPU models it does: README, 'Results that travel between machines'); "
+                     f"`dvc pull {WARM_START}` from a remote filled on the lock's machine keeps their results")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

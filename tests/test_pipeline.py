@@ -297,6 +297,13 @@ def test_plan_estimates_a_run_from_its_own_runs_else_its_kind_else_every_run() -
     assert Measurements({}, {}, [], 0).estimate("grpo", grpo, 5, 400) == (None, "nothing measured")
     text = describe([Planned("paper/dvc.yaml:run@grpo-0", 20, 1160.0, "its kind"), Planned("paper/dvc.yaml:report", 0, 0.0)])
     assert "run@grpo-0" in text and "~19 min  (step time of its kind)" in text and "total: ~0.3 h estimated" in text
+    # a run out of date only because the warm start came out with other bytes (a CPU model it is not portable to)
+    from flows.plan import only_the_warm_start_changed
+
+    warm = describe([Planned("paper/dvc.yaml:run@grpo-0", 20, 1160.0, "its kind", warm_start_only=True)])
+    assert "1 of them only because models/sft came out with other bytes" in warm and "only because" not in text
+    assert only_the_warm_start_changed([{"changed deps": {"models/sft": "modified"}}])
+    assert not only_the_warm_start_changed([{"changed deps": {"models/sft": "modified", "agent_r1/env": "modified"}}])
     # the curve scores its validation questions at step 0, every eval_every steps and at the end
     from agent_r1.config import LearningCurveConfig
 
