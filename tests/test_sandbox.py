@@ -184,3 +184,39 @@ def test_two_replies_already_in_the_pipe_are_read_one_at_a_time() -> None:
     finally:
         os.close(write_end)
         box.close()  # closes read_end
+
+
+@pytest.mark.parametrize("first", ["init", "ready"])
+def test_the_start_reads_both_hellos_in_either_order(first: str) -> None:
+    """The bootstrap's {"init": pid} and the interpreter's {"ready": true} come from two processes:
+    on a loaded machine the second can come first. Both are read at the start, so neither is
+    left in the pipe to be taken for the first call's reply."""
+    messages = {"init": {"init": 1234}, "ready": {"ready": True}}
+    order = [first, *(k for k in messages if k != first)]
+    read_end, write_end = os.pipe()
+    for key in [*order, "next"]:
+        data = json.dumps(messages.get(key, {"out": "", "chars": 0, "error": None})).encode()
+        os.write(write_end, struct.pack(">I", len(data)) + data)
+    box = PythonSandbox()
+    box.reply_fd = read_end
+    try:
+        assert box._handshake(time.monotonic() + 5) == (messages["init"], messages["ready"])
+        assert box._read_reply(time.monotonic() + 5) == {"out": "", "chars": 0, "error": None}
+    finally:
+        os.close(write_end)
+        box.close()
+
+
+def test_a_start_that_fails_before_init_is_not_waited_on() -> None:
+    """A sandbox that cannot confine itself says so at once, with no init to wait for."""
+    read_end, write_end = os.pipe()
+    refused = {"ready": False, "error": "cannot isolate the sandbox: [Errno 1] Operation not permitted"}
+    data = json.dumps(refused).encode()
+    os.write(write_end, struct.pack(">I", len(data)) + data)
+    box = PythonSandbox()
+    box.reply_fd = read_end
+    try:
+        assert box._handshake(time.monotonic() + 5) == (None, refused)
+    finally:
+        os.close(write_end)
+        box.close()

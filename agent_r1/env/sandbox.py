@@ -123,14 +123,27 @@ class PythonSandbox:
         finally:
             os.close(reply_w)
         self.reply_fd = reply_r
-        deadline = time.monotonic() + 60
-        init = self._read_reply(deadline)
+        init, hello = self._handshake(time.monotonic() + 60)
         self.init_pid = init.get("init") if init else None
-        hello = self._read_reply(deadline) if self.init_pid else init
         if hello is None or not hello.get("ready"):
             why = hello.get("error") if hello else f"it exited with code {self._exit_code()}"
             self.close()
             raise ToolInfrastructureError(f"python sandbox: {why}")
+
+    def _handshake(self, deadline: float) -> tuple[dict | None, dict | None]:
+        """The bootstrap's ``{"init": pid}`` and the interpreter's hello (ready, or an error), in
+        whichever order they come: two processes write them, and on a loaded machine the hello can
+        come first. Both are read here, so neither is left in the pipe to be taken for a reply."""
+        init = hello = None
+        while hello is None or (init is None and hello.get("ready")):
+            reply = self._read_reply(deadline)
+            if reply is None:
+                break
+            if "init" in reply:
+                init = reply
+            else:
+                hello = reply
+        return init, hello
 
     def _read_reply(self, deadline: float) -> dict | None:
         """One length-prefixed JSON reply, or None at the deadline or if the interpreter is gone."""
