@@ -41,12 +41,6 @@ def first_departure(committed: list[float], here: list[float]) -> int | None:
     return next((i for i, (a, b) in enumerate(zip(committed, here)) if a != b), None)
 
 
-def stale_paper_stages() -> list[str]:
-    """The stages of paper/dvc.yaml DVC finds out of date here."""
-    dvc = [sys.executable, "-m", "dvc", "status", "paper/dvc.yaml", "--json"]
-    return sorted(json.loads(subprocess.run(dvc, cwd=REPO, capture_output=True, text=True, check=True).stdout or "{}"))
-
-
 def git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
 
@@ -59,7 +53,9 @@ def check(rev: str) -> dict:
     here = out_hashes(yaml.safe_load((REPO / "dvc.lock").read_text()))
     sft_then = json.loads(git("show", f"{rev}:metrics/sft.json"))
     sft_now = json.loads((REPO / "metrics" / "sft.json").read_text())
-    stale = stale_paper_stages()
+    from flows.plan import dvc_status
+
+    stale = sorted(dvc_status(REPO, "paper/dvc.yaml"))
     return {
         "machine": described_machine(),
         "against": git("rev-parse", "--short", rev),

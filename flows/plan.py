@@ -48,10 +48,9 @@ def dvc_status(repo: Path, dvcfile: str) -> dict[str, list]:
     return json.loads(proc.stdout or "{}")
 
 
-def stale_stages(repo: Path, dvcfile: str, status: dict[str, list] | None = None) -> list[str]:
-    """The stages of ``dvcfile`` that `dvc repro` would run (DVC's own status), in file order."""
-    changed = dvc_status(repo, dvcfile) if status is None else status
-    return [s for s in pipeline_stages(str(repo), dvcfile) if s in changed]
+def stale_stages(repo: Path, dvcfile: str, status: dict[str, list]) -> list[str]:
+    """The stages of ``dvcfile`` out of date in ``status`` (:func:`dvc_status`), in file order."""
+    return [s for s in pipeline_stages(str(repo), dvcfile) if s in status]
 
 
 def only_the_warm_start_changed(changes: list) -> bool:
