@@ -36,6 +36,14 @@ def out_hashes(lock: dict) -> dict[str, str]:
             for o in lock["stages"][stage]["outs"] if o["path"] in paths}  # fmt: skip
 
 
+def sft_inputs(lock: dict) -> str:
+    """A hash of what the sft stage read (its deps' md5 in a dvc.lock): traces compare only under the same."""
+    import hashlib
+
+    deps = sorted((d["path"], d.get("md5", "")) for d in lock["stages"]["sft"]["deps"])
+    return hashlib.sha256(json.dumps(deps).encode()).hexdigest()[:16]
+
+
 def first_departure(committed: list[float], here: list[float]) -> int | None:
     """The first optimizer step (0-based) whose loss differs in any bit; None if none does."""
     return next((i for i, (a, b) in enumerate(zip(committed, here)) if a != b), None)
@@ -97,6 +105,7 @@ def trace() -> dict:
 
         def record_step() -> None:
             step()
+            steps[-1]["grad_norm"] = struct.pack("<f", float(engine.get_global_grad_norm())).hex()
             weights = b"".join(p.detach().numpy().tobytes() for p in engine.module.parameters())
             steps[-1]["weights"] = hashlib.sha256(weights).hexdigest()[:16]
             steps.append({"losses": []})
@@ -114,15 +123,19 @@ def trace() -> dict:
                       out_model=Path(tmp) / "sft")  # fmt: skip
     from bench.portable_numerics import described_machine
 
-    return {"machine": described_machine(), "rev": git("rev-parse", "--short", "HEAD"), "steps": steps[:-1]}
+    lock = yaml.safe_load((REPO / "dvc.lock").read_text())
+    return {"machine": described_machine(), "rev": git("rev-parse", "--short", "HEAD"),
+            "sft_inputs": sft_inputs(lock), "steps": steps[:-1]}  # fmt: skip
 
 
 def first_trace_difference(a: list[dict], b: list[dict]) -> str | None:
-    """Where two traces first differ: a micro-batch's loss, or the weights after a step."""
+    """Where two traces first differ: a micro-batch's loss, the clipping norm, or the weights after a step."""
     for i, (x, y) in enumerate(zip(a, b)):
         for j, (lx, ly) in enumerate(zip(x["losses"], y["losses"])):
             if lx != ly:
                 return f"step {i}, micro-batch {j}: loss"
+        if x.get("grad_norm") != y.get("grad_norm"):
+            return f"step {i}: the gradient norm"
         if x["weights"] != y["weights"]:
             return f"step {i}: the weights after the update"
     return None
@@ -137,8 +150,12 @@ def main(argv: list[str] | None = None) -> None:
         result = trace()
         traces = json.loads(TRACE.read_text()) if TRACE.exists() else {}
         for cpu, other in traces.items():
-            if cpu != result["machine"]["cpu"]:
-                print(f"against {cpu}: {first_trace_difference(other['steps'], result['steps']) or 'the same'}")
+            if cpu == result["machine"]["cpu"]:
+                continue
+            if other.get("sft_inputs") != result["sft_inputs"]:
+                print(f"against {cpu}: recorded at {other['rev']} with other sft inputs; not compared")
+                continue
+            print(f"against {cpu}: {first_trace_difference(other['steps'], result['steps']) or 'the same'}")
         TRACE.write_text(json.dumps({**traces, result["machine"]["cpu"]: result}, indent=2) + "\n")
         print(f"-> {TRACE.relative_to(REPO)}")
         return

@@ -80,3 +80,15 @@ def test_two_traces_of_the_warm_start_name_where_they_first_differ() -> None:
     assert first_trace_difference(a, a) is None
     assert first_trace_difference(a, [a[0], {"losses": ["3e000001"], "weights": "w1"}]) == "step 1, micro-batch 0: loss"
     assert first_trace_difference(a, [{**a[0], "weights": "x"}, a[1]]) == "step 0: the weights after the update"
+    b = [{**step, "grad_norm": "404c5d55"} for step in a]
+    assert first_trace_difference(b, [b[0], {**b[1], "grad_norm": "404c5d56"}]) == "step 1: the gradient norm"
+
+
+def test_traces_are_compared_only_when_the_sft_stage_read_the_same_inputs() -> None:
+    """A trace recorded with other code or data departs for that reason, not the CPU's."""
+    from bench.pinned_outputs import sft_inputs
+
+    deps = [{"path": "agent_r1/training/models.py", "md5": "1"}, {"path": "models/policy", "md5": "2.dir"}]
+    lock = {"stages": {"sft": {"deps": deps}}}
+    assert sft_inputs(lock) == sft_inputs({"stages": {"sft": {"deps": deps[::-1]}}})
+    assert sft_inputs(lock) != sft_inputs({"stages": {"sft": {"deps": [deps[0], {**deps[1], "md5": "3.dir"}]}}})

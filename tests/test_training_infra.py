@@ -12,6 +12,7 @@ import random
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
@@ -378,3 +379,21 @@ def test_real_policy_logprobs_match_naive(request: pytest.FixtureRequest) -> Non
         ref_lp, ref_ent = naive_logprobs(model, ids, mask)
     torch.testing.assert_close(lp, ref_lp, atol=2e-4, rtol=1e-4)
     torch.testing.assert_close(ent, ref_ent, atol=2e-4, rtol=1e-4)
+
+
+def test_zero2_clips_by_a_correctly_rounded_grad_norm() -> None:
+    """DeepSpeed's root of the summed squares is ``pow(0.5)``: MKL's vector sqrt on CPU, whose
+    last bit depends on the CPU model (an AMD EPYC gets many of these roots 1 ulp off).
+    The engine's optimizer takes IEEE's correctly rounded root instead, the same on every CPU."""
+    engine = make_trainable(fresh_llama(), cfg_for(2), lr=1e-3)
+    optimizer = engine.optimizer
+    params = list(engine.module.parameters())[:2]
+    rng = np.random.default_rng(0)
+    for a, b in rng.uniform(0.5, 8.0, size=(400, 2)).astype(np.float32):
+        # two one-element gradients: DeepSpeed sums their squared norms in float64, then rounds to float32
+        squares = np.float32(np.float64(a) ** 2 + np.float64(b) ** 2)
+        expected = np.float32(np.sqrt(np.float64(squares)))
+        got = optimizer.get_grad_norm_direct([torch.tensor([a]), torch.tensor([b])], params)
+        assert float(got) == expected, (a, b)
+    param = params[0]
+    assert float(optimizer.get_grad_norm_direct([torch.tensor([float("inf")])], [param])) == -1.0  # skip the step

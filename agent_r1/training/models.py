@@ -45,6 +45,7 @@ from agent_r1.config import TrainConfig
 from agent_r1.io import atomic_dir, write_json
 from agent_r1.training.buckets import DEFAULT_PREFETCH_BUCKET, bucket_elements
 from agent_r1.training.distributed import init_distributed
+from agent_r1.training.grad_norm import use_correctly_rounded_grad_norm
 from agent_r1.training.logprobs import LogprobModel, inner_module, use_packed_attention
 from agent_r1.training.packing import PackedLayout
 
@@ -236,6 +237,7 @@ def make_trainable(model: nn.Module, cfg: TrainConfig, lr: float) -> deepspeed.D
     import deepspeed
 
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(cfg, lr, world_size=world, model=model))
+    use_correctly_rounded_grad_norm(engine)  # the clip's scale, the same on every CPU
     return engine
 
 
