@@ -27,7 +27,9 @@ from tasks.dvc_stage import dvc_command, pipeline_stages, training_target
 PAPER_DIR = Path("paper")
 
 
-# The warm start's bytes follow the CPU model on some CPUs (README, "Results that travel between machines")
+# The warm start's bytes are made the same on every CPU, but a machine that still differs (other library
+# versions, a CPU model not yet checked) marks every run keyed on it out of date (README, "Results that travel
+# between machines")
 WARM_START = "models/sft"
 
 
@@ -176,7 +178,7 @@ def describe(plan: list[Planned]) -> str:
     lines.append(f"  total: {total} (2 CPU cores; README, 'The paper's experiments')")
     if warm := sum(p.warm_start_only for p in plan):
         lines.append(f"  {warm} of them only because {WARM_START} came out with other bytes than the committed "
-                     "lock's (on some CPU models it does: README, 'Results that travel between machines'); "
+                     "lock's (README, 'Results that travel between machines'); "
                      f"`dvc pull {WARM_START}` from a remote filled on the lock's machine keeps their results")
     return "\n".join(lines)
 
