@@ -123,11 +123,11 @@ def test_learning_curve_starts_at_the_starting_models_validation_em(tmp_path: Pa
     (d / "em.tsv").write_text("step\tem\n9\t0.28\n19\t0.32\n")
     (tmp_path / "start.json").write_text('{"em": 0.31, "f1": 0.4, "n": 100}')
     section = learning_curve_section(tmp_path / "curve", tmp_path / "c.png", tmp_path / "start.json",
-                                     presets_steps={20})
+                                     steps_by_preset={"grpo": 20})
     assert section[3].splitlines() == ["- step 0: validation EM 0.310 (the starting model)",
                                        "- step 10: validation EM 0.280", "- step 20: validation EM 0.320"]
     # best 0.32, SE 0.0466: step 0 (0.31) is within one SE, so the rule says RL steps buy nothing here
-    assert "so **0 steps**" in section[4] and "not the rule's 0: re-choose" in section[4]
+    assert "so **0 steps**" in section[4] and "more than the rule's 0: re-choose" in section[4]
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
     assert learning_curve_section(tmp_path / "curve", tmp_path / "c.png")[-1].startswith("- step 10:")
 
@@ -145,6 +145,21 @@ def test_budget_is_the_earliest_step_within_one_se_of_the_best(points: list, ste
     assert se == pytest.approx((best * (1 - best) / 100) ** 0.5)
 
 
+def test_budget_line_names_the_presets_with_a_budget_of_their_own() -> None:
+    """A preset that sets its own train.steps is named; the shared budget is the one checked against the rule."""
+    from agent_r1.stages.report import curve_budget_line
+
+    points = [(0, 0.32), (10, 0.35), (20, 0.36), (30, 0.38)]  # best 0.38, SE 0.0485: step 10 is within it
+    line = curve_budget_line(points, 100, {"grpo": 10, "ppo": 10, "grpo-long": 70})
+    assert "so **10 steps**" in line and "The presets train `budget.steps` = 10." in line
+    assert line.endswith("Presets with a budget of their own (steps): `grpo-long` 70.")
+    stale = curve_budget_line(points, 100, {"grpo": 20, "ppo": 20})
+    assert "The presets train 20 steps, more than the rule's 10: re-choose `budget.steps`." in stale
+    assert "of their own" not in stale
+    capped = curve_budget_line([(0, 0.32), (40, 0.36), (50, 0.41)], 100, {"grpo": 40})  # 0.36 < 0.41 - 0.0492
+    assert "so **50 steps**" in capped and "`budget.steps` = 40, fewer than the rule's 50: a cap" in capped
+
+
 def test_curve_section_pairs_the_trained_policy_with_its_start(tmp_path: Path) -> None:
     """The end-of-curve evaluation against step 0, question by question (McNemar), and by type."""
     from agent_r1.stages.report import learning_curve_section, outcomes_beside
@@ -159,7 +174,7 @@ def test_curve_section_pairs_the_trained_policy_with_its_start(tmp_path: Path) -
         (tmp_path / f"{name}.json").write_text(json.dumps(
             {"em": em, "n": 10, "by_type": {"bridge": {"em": em, "n": 10}}}))
     section = learning_curve_section(tmp_path / "curve", tmp_path / "c.png", tmp_path / "start.json",
-                                     tmp_path / "end.json", {20})
+                                     tmp_path / "end.json", {"grpo": 20, "ppo": 20})
     assert "so **20 steps**" in section[4] and "The presets train `budget.steps` = 20." in section[4]
     # 4 questions only the trained policy got right, none the other way: McNemar p = 2 / 2^4
     assert "Δ EM +0.400 [" in section[5] and "(4/0)" in section[5] and "p = 0.125" in section[5]

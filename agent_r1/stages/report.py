@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from pathlib import Path
 
 from agent_r1 import paths
@@ -54,7 +55,7 @@ def report(
             "compare runs with `dvc plots diff`.",
         )
     if curve_live is not None and curve_png is not None:
-        budgets = {experiment_params(params, name).train.steps for name in params.experiments}
+        budgets = {name: experiment_params(params, name).train.steps for name in params.experiments}
         extra = (*learning_curve_section(curve_live, curve_png, curve_start, curve_end, budgets), *extra)
     if notes is not None:
         extra = (*extra, notes.read_text(encoding="utf-8").strip())
@@ -77,18 +78,26 @@ def outcomes_beside(metrics: Path) -> Path:
     return metrics.with_name(f"{metrics.stem}.outcomes.jsonl")
 
 
-def curve_budget_line(points: list[tuple[int, float]], n: int, presets_steps: set[int]) -> str:
-    """The budget the one-SE rule reads off the curve, beside the one the presets train."""
+def curve_budget_line(points: list[tuple[int, float]], n: int, steps_by_preset: dict[str, int]) -> str:
+    """The budget the one-SE rule reads off the curve, beside the one most presets train
+    (``budget.steps``), and the presets that train a budget of their own."""
     from agent_r1.evaluation.report import budget_by_rule
 
     step, best, se = budget_by_rule(points, n)
     at = min(s for s, em in points if em == best)
     line = (f"Budget rule (the earliest eval within one standard error of the best): best validation EM "
             f"{best:.3f} at step {at}, SE {se:.3f} (n = {n}), so **{step} steps**. ")
-    if presets_steps == {step}:
-        return line + f"The presets train `budget.steps` = {step}."
-    have = ", ".join(str(x) for x in sorted(presets_steps))
-    return line + f"The presets train {have} steps, not the rule's {step}: re-choose `budget.steps`."
+    if not steps_by_preset:
+        return line
+    shared = Counter(steps_by_preset.values()).most_common(1)[0][0]
+    own = ", ".join(f"`{name}` {steps}" for name, steps in steps_by_preset.items() if steps != shared)
+    tail = f" Presets with a budget of their own (steps): {own}." if own else ""
+    if shared == step:
+        return line + f"The presets train `budget.steps` = {step}." + tail
+    if shared < step:
+        return line + (f"The presets train `budget.steps` = {shared}, fewer than the rule's {step}: a cap on what "
+                       "the whole set costs (`budget` in the presets file says why) or a budget to re-choose.") + tail
+    return line + f"The presets train {shared} steps, more than the rule's {step}: re-choose `budget.steps`." + tail
 
 
 def curve_paired_lines(start: Path, end: Path) -> list[str]:
@@ -110,11 +119,11 @@ def curve_paired_lines(start: Path, end: Path) -> list[str]:
 
 def learning_curve_section(
     live: Path, png: Path, start: Path | None = None, end: Path | None = None,
-    presets_steps: set[int] = frozenset(),
+    steps_by_preset: dict[str, int] | None = None,
 ) -> tuple[str, ...]:
     """The report's learning-curve section: the plot and its validation EMs (step 0: ``start``,
     the starting model's validation metrics), the step budget the one-SE rule picks on it
-    against ``presets_steps`` (the steps the presets train), and, with ``end`` (the trained
+    against ``steps_by_preset`` (the steps each preset trains), and, with ``end`` (the trained
     policy's validation metrics), the paired trained-vs-start comparison."""
     from agent_r1.evaluation.report import learning_curve
 
@@ -126,7 +135,7 @@ def learning_curve_section(
                "the test split); the presets' step budget (`budget.steps`) is chosen on it.",
                "\n".join(f"- {line}" for line in lines) or "(no validation evals logged yet)"]
     if points and first:
-        section.append(curve_budget_line(points, first["n"], presets_steps))
+        section.append(curve_budget_line(points, first["n"], steps_by_preset or {}))
     if start is not None and end is not None and end.exists():
         section.extend(curve_paired_lines(start, end))
     return tuple(section)
