@@ -3,7 +3,8 @@
 DVC says which stages of paper/dvc.yaml are not up to date; each run's time is
 estimated from the runs already measured (``seconds`` in paper/metrics/train/ and
 paper/metrics/eval/, and the default pipeline's metrics/train/ and metrics/eval/,
-written by the train and evaluate stages): the same preset's seconds per trajectory of
+written by the train and evaluate stages; a paper run whose stage is itself out of date,
+for anything but the warm start, measured other params or code and is left out): the same preset's seconds per trajectory of
 an RL step if it has run before, else those of measured runs of its kind (algorithm,
 representation, LoRA or not), else of every measured run, times the trajectories it
 trains (steps x questions per step x samples), plus the questions it scores (the test
@@ -60,11 +61,13 @@ def only_the_warm_start_changed(changes: list) -> bool:
     return changes == [{"changed deps": {WARM_START: "modified"}}]
 
 
-def measured(folder: Path) -> dict[str, list[dict]]:
+def measured(folder: Path, skip: frozenset[str] = frozenset()) -> dict[str, list[dict]]:
     """Preset -> the metrics of its measured runs (files with ``seconds``, or a training run's
-    last step time) in ``folder``."""
+    last step time) in ``folder``, but for the runs named in ``skip`` (file stems)."""
     out: dict[str, list[dict]] = {}
     for f in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        if f.stem in skip:
+            continue
         data = json.loads(f.read_text())
         if isinstance(data, dict) and ("seconds" in data or "time/step_s" in data.get("last", {})):
             out.setdefault(split_seeded(f.stem)[0], []).append(data)
@@ -102,20 +105,24 @@ class Measurements:
     questions: int  # the test set's size, as last evaluated
 
     @classmethod
-    def read(cls, repo: Path, paper: Params, default: Params) -> "Measurements":
+    def read(cls, repo: Path, paper: Params, default: Params,
+             outdated: frozenset[str] = frozenset()) -> "Measurements":
+        """``outdated``: the paper runs (file stems) whose measurements no longer hold."""
         trajectory_s: dict[str, list[float]] = {}
         kind_trajectory_s: dict[tuple[str, str, bool], list[float]] = {}
-        sources = ((repo / PAPER_DIR / "metrics" / "train", paper), (repo / "metrics" / "train", default))
-        for folder, params in sources:
-            for name, runs in measured(folder).items():
+        sources = ((repo / PAPER_DIR / "metrics" / "train", paper, outdated),
+                   (repo / "metrics" / "train", default, frozenset()))
+        for folder, params, skip in sources:
+            for name, runs in measured(folder, skip).items():
                 if name not in params.experiments:
                     continue
                 rates = [s / trajectories_per_step(params, name) for s in per_step(runs)]
                 if params is paper:
                     trajectory_s.setdefault(name, []).extend(rates)
                 kind_trajectory_s.setdefault(kind_of(params, name), []).extend(rates)
-        evals = [r for folder in (repo / PAPER_DIR / "metrics" / "eval", repo / "metrics" / "eval")
-                 for runs in measured(folder).values() for r in runs if r.get("n") and "seconds" in r]
+        evals = [r for folder, skip in ((repo / PAPER_DIR / "metrics" / "eval", outdated),
+                                        (repo / "metrics" / "eval", frozenset()))
+                 for runs in measured(folder, skip).values() for r in runs if r.get("n") and "seconds" in r]
         return cls(trajectory_s, kind_trajectory_s, [r["seconds"] / r["n"] for r in evals],
                    max((r["n"] for r in evals), default=0))
 
@@ -142,15 +149,24 @@ def questions_scored(curve: LearningCurveConfig | None, test_questions: int) -> 
     return (curve.steps // curve.eval_every + 2) * curve.eval_questions
 
 
+def outdated_runs(repo: Path, stale: list[str], status: dict[str, list]) -> frozenset[str]:
+    """The runs (metrics file stems) of the ``stale`` stages out of date for more than the
+    warm start: what they measured was trained with other params or code (another budget,
+    say), and the machine it ran on may not be this one."""
+    targets = (training_target(s, repo) for s in stale if not only_the_warm_start_changed(status[s]))
+    return frozenset(t.live.name for t in targets if t is not None)
+
+
 def paper_plan(repo: Path = Path(".")) -> list[Planned]:
     """Each stale stage of paper/dvc.yaml with its steps and estimated seconds."""
     default = load_params(repo / "params.yaml")
     paper = with_presets(default, repo / PAPER_DIR / "presets.yaml")
-    known = Measurements.read(repo, paper, default)
     curve = read_presets(repo / PAPER_DIR / "presets.yaml").learning_curve
     status = dvc_status(repo, str(PAPER_DIR / "dvc.yaml"))
+    stale = stale_stages(repo, str(PAPER_DIR / "dvc.yaml"), status)
+    known = Measurements.read(repo, paper, default, outdated_runs(repo, stale, status))
     plan = []
-    for stage in stale_stages(repo, str(PAPER_DIR / "dvc.yaml"), status):
+    for stage in stale:
         warm = only_the_warm_start_changed(status[stage])
         target = training_target(stage, repo)
         if target is None:  # curve_start's questions are counted with the curve's

@@ -311,6 +311,30 @@ def test_plan_estimates_a_run_from_its_own_runs_else_its_kind_else_every_run() -
     assert questions_scored(curve, 500) == (6 + 2) * 100 and questions_scored(None, 500) == 500
 
 
+def test_plan_leaves_out_what_runs_out_of_date_measured(tmp_path: Path) -> None:
+    """A paper run whose stage is out of date for more than the warm start was trained with other
+    params or code (another budget, on another machine): its seconds do not estimate the re-run."""
+    from agent_r1.config import load_params, with_presets
+    from flows.plan import Measurements, outdated_runs, trajectories_per_step
+
+    status = {"paper/dvc.yaml:run@ppo-2": [{"changed deps": {"agent_r1/training": "modified"}}],
+              "paper/dvc.yaml:run@rloo-0": [{"changed deps": {"models/sft": "modified"}}],
+              "paper/dvc.yaml:report": [{"changed deps": {"paper/metrics/eval": "modified"}}]}
+    assert outdated_runs(ROOT, list(status), status) == {"ppo.seed2"}
+    default = load_params(ROOT / "params.yaml")
+    paper = with_presets(default, ROOT / "paper" / "presets.yaml")
+    for kind, runs in (("train", {"ppo.seed0": 2400.0, "ppo.seed2": 800.0}), ("eval", {"ppo.seed0": 600.0, "ppo.seed2": 200.0})):
+        (tmp_path / "paper" / "metrics" / kind).mkdir(parents=True)
+        for stem, seconds in runs.items():
+            metrics = {"seconds": seconds, "steps": 40} if kind == "train" else {"seconds": seconds, "n": 500}
+            (tmp_path / "paper" / "metrics" / kind / f"{stem}.json").write_text(json.dumps(metrics))
+    every = Measurements.read(tmp_path, paper, default)
+    current = Measurements.read(tmp_path, paper, default, frozenset({"ppo.seed2"}))
+    assert len(every.trajectory_s["ppo"]) == 2 and len(every.question_s) == 2
+    per_trajectory = 2400.0 / 40 / trajectories_per_step(paper, "ppo")
+    assert current.trajectory_s["ppo"] == [pytest.approx(per_trajectory)] and current.question_s == [1.2]
+
+
 # In `make test-slow` (about 3 min a variant): trains the presets for real, one rank and two
 # (the stage re-launches itself under the deepspeed launcher with --presets).
 @pytest.mark.slow
