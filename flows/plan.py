@@ -6,7 +6,7 @@ paper/metrics/eval/, and the default pipeline's metrics/train/ and metrics/eval/
 written by the train and evaluate stages; a paper run whose stage is itself out of date,
 for anything but the warm start, measured other params or code and is left out): the same preset's seconds per trajectory of
 an RL step if it has run before, else those of measured runs of its kind (algorithm,
-representation, LoRA or not), else of every measured run, times the trajectories it
+representation, LoRA or not), else of its algorithm's, else of every measured run, times the trajectories it
 trains (steps x questions per step x samples), plus the questions it scores (the test
 set; the curve's validation evaluations) at the measured seconds per question.
 
@@ -130,9 +130,12 @@ class Measurements:
                  questions: int) -> tuple[float | None, str]:
         """Seconds to train on ``trajectories`` (steps x trajectories a step) and score
         ``questions``; and what the time per trajectory was taken from: the run's own preset,
-        runs of its kind, or every run."""
+        runs of its kind, runs of its algorithm (a step-level or LoRA run costs about what the
+        flat full-parameter one of its algorithm does; a critic roughly doubles it), or every run."""
+        same_algorithm = [x for k, v in self.kind_trajectory_s.items() if k[0] == kind[0] for x in v]
         for rates, basis in ((self.trajectory_s.get(name), "its own runs"),
                              (self.kind_trajectory_s.get(kind), "its kind"),
+                             (same_algorithm, "its algorithm"),
                              ([x for v in self.kind_trajectory_s.values() for x in v], "all runs")):
             if rates:
                 eval_s = statistics.fmean(self.question_s) * questions if self.question_s else 0.0

@@ -293,6 +293,9 @@ def test_plan_estimates_a_run_from_its_own_runs_else_its_kind_else_every_run() -
     assert known.estimate("grpo", grpo, 20 * 12, 400) == (pytest.approx(20 * 27.5 + evaluation), "its own runs")
     assert known.estimate("grpo-no-loss-mask", grpo, 10 * 24, 400) == (pytest.approx(500 + evaluation), "its kind")
     assert known.estimate("ppo-no-masks", ppo, 10 * 24, 0) == (pytest.approx(900.0), "its kind")
+    # a kind not measured yet: its algorithm's other runs (PPO's critic), else every run
+    ppo_step = ("ppo", "step", False)
+    assert known.estimate("ppo-step", ppo_step, 10 * 24, 0) == (pytest.approx(900.0), "its algorithm")
     assert known.estimate("rloo", rloo, 4 * 24, 400) == (pytest.approx(4 * 60.0 + evaluation), "all runs")
     assert Measurements({}, {}, [], 0).estimate("grpo", grpo, 5, 400) == (None, "nothing measured")
     text = describe([Planned("paper/dvc.yaml:run@grpo-0", 20, 1160.0, "its kind"), Planned("paper/dvc.yaml:report", 0, 0.0)])
