@@ -128,6 +128,12 @@ def trace() -> dict:
             "sft_inputs": sft_inputs(lock), "steps": steps[:-1]}  # fmt: skip
 
 
+def machine_key(machine: dict) -> str:
+    """A result's key: the CPU model and its widest vector unit, since one model name
+    ("AMD EPYC") covers CPUs with and without AVX-512, whose kernels differ."""
+    return f"{machine['cpu']}, {'AVX-512' if 'avx512f' in machine.get('isa', []) else 'AVX2'}"
+
+
 def first_trace_difference(a: list[dict], b: list[dict]) -> str | None:
     """Where two traces first differ: a micro-batch's loss, the clipping norm, or the weights after a step."""
     for i, (x, y) in enumerate(zip(a, b)):
@@ -150,13 +156,13 @@ def main(argv: list[str] | None = None) -> None:
         result = trace()
         traces = json.loads(TRACE.read_text()) if TRACE.exists() else {}
         for cpu, other in traces.items():
-            if cpu == result["machine"]["cpu"]:
+            if cpu == machine_key(result["machine"]):
                 continue
             if other.get("sft_inputs") != result["sft_inputs"]:
                 print(f"against {cpu}: recorded at {other['rev']} with other sft inputs; not compared")
                 continue
             print(f"against {cpu}: {first_trace_difference(other['steps'], result['steps']) or 'the same'}")
-        TRACE.write_text(json.dumps({**traces, result["machine"]["cpu"]: result}, indent=2) + "\n")
+        TRACE.write_text(json.dumps({**traces, machine_key(result["machine"]): result}, indent=2) + "\n")
         print(f"-> {TRACE.relative_to(REPO)}")
         return
     result = check(args.rev)
@@ -166,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"sft loss: {'the same at every step' if step is None else f'first differs at optimizer step {step}'}")
     print(f"paper/dvc.yaml: {result['paper_stages_out_of_date']} stage(s) out of date here")
     everything = json.loads(RESULT.read_text()) if RESULT.exists() else {}
-    everything[result["machine"]["cpu"]] = result
+    everything[machine_key(result["machine"])] = result
     RESULT.write_text(json.dumps(everything, indent=2) + "\n")
     print(f"-> {RESULT.relative_to(REPO)}")
 
