@@ -25,7 +25,7 @@ run: $(STAMP)  ## the default pipeline as a Prefect flow over the DVC stages
 paper: $(STAMP)  ## the default pipeline, then every preset of paper/presets.yaml (Tables 3 and 4); prints its plan first
 	$(PY) -m flows.pipeline --paper
 
-paper-plan: $(STAMP)  ## what `make paper` would run and its estimated time (from the runs measured so far); runs nothing
+paper-plan: $(STAMP)  ## what `make paper` would run and its estimated time (from the runs measured so far), and the whole set's; runs nothing
 	$(PY) -m flows.pipeline --paper --plan
 
 test: $(STAMP)  ## fast tests (CI: at most 15 min on 2 cores; --durations shows where it goes); Hypothesis derandomised

@@ -8,7 +8,9 @@ for anything but the warm start, measured other params or code and is left out):
 an RL step if it has run before, else those of measured runs of its kind (algorithm,
 representation, LoRA or not), else of its algorithm's, else of every measured run, times the trajectories it
 trains (steps x questions per step x samples), plus the questions it scores (the test
-set; the curve's validation evaluations) at the measured seconds per question.
+set; the curve's validation evaluations) at the measured seconds per question. The stages
+already up to date count at the seconds they recorded, so the plan also says what the whole
+set costs.
 
     python -m flows.plan          # print the plan of paper/dvc.yaml (runs nothing)
 """
@@ -20,6 +22,8 @@ import statistics
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+import yaml
 
 from agent_r1.config import LearningCurveConfig, Params, experiment_params, load_params, read_presets, with_presets
 from agent_r1.paths import split_seeded
@@ -41,6 +45,7 @@ class Planned:
     seconds: float | None  # None: nothing measured to estimate from
     basis: str = ""  # what the time per step was taken from (Measurements.estimate)
     warm_start_only: bool = False  # out of date only because the warm start has other bytes than the lock's
+    done: bool = False  # up to date: ``seconds`` is what it recorded when it ran, on the machine that ran it
 
 
 def dvc_status(repo: Path, dvcfile: str) -> dict[str, list]:
@@ -49,11 +54,6 @@ def dvc_status(repo: Path, dvcfile: str) -> dict[str, list]:
     if proc.returncode != 0:
         raise RuntimeError(f"dvc status {dvcfile} failed: {proc.stderr.strip()}")
     return json.loads(proc.stdout or "{}")
-
-
-def stale_stages(repo: Path, dvcfile: str, status: dict[str, list]) -> list[str]:
-    """The stages of ``dvcfile`` out of date in ``status`` (:func:`dvc_status`), in file order."""
-    return [s for s in pipeline_stages(str(repo), dvcfile) if s in status]
 
 
 def only_the_warm_start_changed(changes: list) -> bool:
@@ -160,16 +160,39 @@ def outdated_runs(repo: Path, stale: list[str], status: dict[str, list]) -> froz
     return frozenset(t.live.name for t in targets if t is not None)
 
 
+def recorded_seconds(repo: Path, dvcfile: str, stage: str) -> float:
+    """Seconds ``stage`` of ``dvcfile`` took when it last ran: the ``seconds`` its JSON outputs
+    (its metrics) record, found through the outputs its lock lists."""
+    lock_file = (repo / dvcfile).with_suffix(".lock")
+    lock = yaml.safe_load(lock_file.read_text()) if lock_file.is_file() else None
+    entry = ((lock or {}).get("stages") or {}).get(stage.removeprefix(f"{dvcfile}:"), {})
+    total = 0.0
+    for out in entry.get("outs", []):
+        path = repo / out["path"]
+        if path.suffix == ".json" and path.is_file():
+            data = json.loads(path.read_text())
+            if isinstance(data, dict) and isinstance(data.get("seconds"), (int, float)):
+                total += data["seconds"]
+    return total
+
+
 def paper_plan(repo: Path = Path(".")) -> list[Planned]:
-    """Each stale stage of paper/dvc.yaml with its steps and estimated seconds."""
+    """Every stage of paper/dvc.yaml: a stale one with its steps and estimated seconds, one up
+    to date (``done``) with the seconds it recorded."""
     default = load_params(repo / "params.yaml")
     paper = with_presets(default, repo / PAPER_DIR / "presets.yaml")
     curve = read_presets(repo / PAPER_DIR / "presets.yaml").learning_curve
-    status = dvc_status(repo, str(PAPER_DIR / "dvc.yaml"))
-    stale = stale_stages(repo, str(PAPER_DIR / "dvc.yaml"), status)
+    dvcfile = str(PAPER_DIR / "dvc.yaml")
+    status = dvc_status(repo, dvcfile)
+    stages = pipeline_stages(str(repo), dvcfile)
+    stale = [s for s in stages if s in status]
     known = Measurements.read(repo, paper, default, outdated_runs(repo, stale, status))
     plan = []
-    for stage in stale:
+    for stage in stages:
+        if stage not in status:
+            target = training_target(stage, repo)
+            plan.append(Planned(stage, target.steps if target else 0, recorded_seconds(repo, dvcfile, stage), done=True))
+            continue
         warm = only_the_warm_start_changed(status[stage])
         target = training_target(stage, repo)
         if target is None:  # curve_start's questions are counted with the curve's
@@ -183,9 +206,11 @@ def paper_plan(repo: Path = Path(".")) -> list[Planned]:
 
 
 def describe(plan: list[Planned]) -> str:
-    """The plan as the lines `make paper` prints."""
+    """The plan as the lines `make paper` prints: the stages to run, then the whole set's cost."""
+    done = [p for p in plan if p.done]
+    plan = [p for p in plan if not p.done]
     if not plan:
-        return "paper/dvc.yaml: every stage is up to date; nothing to run."
+        return "\n".join(["paper/dvc.yaml: every stage is up to date; nothing to run.", *whole_set(done, plan)])
     lines = [f"paper/dvc.yaml: {len(plan)} stage(s) to run"]
     for p in plan:
         when = "not measured yet" if p.seconds is None else f"~{p.seconds / 60:.0f} min"
@@ -199,7 +224,22 @@ def describe(plan: list[Planned]) -> str:
         lines.append(f"  {warm} of them only because {WARM_START} came out with other bytes than the committed "
                      "lock's (README, 'Results that travel between machines'); "
                      f"`dvc pull {WARM_START}` from a remote filled on the lock's machine keeps their results")
-    return "\n".join(lines)
+    return "\n".join([*lines, *whole_set(done, plan)])
+
+
+def whole_set(done: list[Planned], to_run: list[Planned]) -> list[str]:
+    """The line on what the whole set costs: the seconds the ``done`` stages recorded (on the
+    machines that ran them) and the estimates of the stages ``to_run``."""
+    if not done:
+        return []
+    recorded = sum(p.seconds or 0.0 for p in done)
+    if not to_run:
+        return [f"  the whole set took ~{recorded / 3600:.1f} h: the seconds its {len(done)} stages recorded "
+                "(training and evaluation, on the machines that ran them)"]
+    estimated = recorded + sum(p.seconds for p in to_run if p.seconds is not None)
+    unknown = sum(p.seconds is None for p in to_run)
+    return [f"  the whole set: ~{estimated / 3600:.1f} h" + (f" and {unknown} run(s) not measured yet" if unknown else "")
+            + f", ~{recorded / 3600:.1f} h of it recorded by the {len(done)} stages up to date (on the machines that ran them)"]
 
 
 if __name__ == "__main__":

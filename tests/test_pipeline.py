@@ -338,6 +338,33 @@ def test_plan_leaves_out_what_runs_out_of_date_measured(tmp_path: Path) -> None:
     assert current.trajectory_s["ppo"] == [pytest.approx(per_trajectory)] and current.question_s == [1.2]
 
 
+
+
+def test_plan_counts_the_stages_up_to_date_at_the_seconds_they_recorded(tmp_path: Path) -> None:
+    """The plan's last line is the whole set's cost: what the finished stages recorded (their JSON
+    outputs' ``seconds``, found through the lock) plus the estimates of what is left to run."""
+    from flows.plan import Planned, describe, recorded_seconds
+
+    lock = {"schema": "2.0", "stages": {"run@grpo-0": {"cmd": "x", "outs": [
+        {"path": "paper/metrics/train/grpo.seed0.json"}, {"path": "paper/metrics/eval/grpo.seed0.json"},
+        {"path": "paper/dvclive/grpo.seed0/metrics.json"}, {"path": "paper/outcomes/grpo.seed0.jsonl"}]}}}
+    (tmp_path / "paper").mkdir()
+    (tmp_path / "paper" / "dvc.lock").write_text(yaml.safe_dump(lock))
+    outputs = {"metrics/train/grpo.seed0.json": {"seconds": 1000.0, "steps": 40},
+               "metrics/eval/grpo.seed0.json": {"seconds": 500.0, "n": 500},
+               "dvclive/grpo.seed0/metrics.json": {"time": {"step_s": 25.0}}}  # no seconds of its own
+    for path, data in outputs.items():
+        (tmp_path / "paper" / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "paper" / path).write_text(json.dumps(data))
+    assert recorded_seconds(tmp_path, "paper/dvc.yaml", "paper/dvc.yaml:run@grpo-0") == 1500.0
+    assert recorded_seconds(tmp_path, "paper/dvc.yaml", "paper/dvc.yaml:report") == 0.0  # not in the lock
+    done = [Planned("paper/dvc.yaml:run@grpo-0", 40, 1500.0, done=True), Planned("paper/dvc.yaml:report", 0, 0.0, done=True)]
+    finished = describe(done)
+    assert "nothing to run" in finished and "the whole set took ~0.4 h" in finished and "its 2 stages" in finished
+    left = describe([*done, Planned("paper/dvc.yaml:run@grpo-1", 40, 5700.0, "its own runs"),
+                     Planned("paper/dvc.yaml:run@ppo-0", 40, None, "nothing measured")])
+    assert "2 stage(s) to run" in left and "run@grpo-0" not in left
+    assert "the whole set: ~2.0 h and 1 run(s) not measured yet, ~0.4 h of it recorded by the 2 stages up to date" in left
 # In `make test-slow` (about 3 min a variant): trains the presets for real, one rank and two
 # (the stage re-launches itself under the deepspeed launcher with --presets).
 @pytest.mark.slow
