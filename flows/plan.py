@@ -160,15 +160,17 @@ def outdated_runs(repo: Path, stale: list[str], status: dict[str, list]) -> froz
     return frozenset(t.live.name for t in targets if t is not None)
 
 
-def recorded_seconds(repo: Path, dvcfile: str, stage: str) -> float:
-    """Seconds ``stage`` of ``dvcfile`` took when it last ran: the ``seconds`` its JSON outputs
-    (its metrics) record, found through the outputs its lock lists."""
+def locked_outputs(repo: Path, dvcfile: str) -> dict[str, list[Path]]:
+    """Stage (as :func:`pipeline_stages` names it) -> the outputs ``dvcfile``'s lock lists for it."""
     lock_file = (repo / dvcfile).with_suffix(".lock")
-    lock = yaml.safe_load(lock_file.read_text()) if lock_file.is_file() else None
-    entry = ((lock or {}).get("stages") or {}).get(stage.removeprefix(f"{dvcfile}:"), {})
+    stages = (yaml.safe_load(lock_file.read_text()) or {}).get("stages") or {} if lock_file.is_file() else {}
+    return {f"{dvcfile}:{name}": [repo / out["path"] for out in entry.get("outs", [])] for name, entry in stages.items()}
+
+
+def recorded_seconds(outputs: list[Path]) -> float:
+    """Seconds a stage took when it last ran: the ``seconds`` its JSON ``outputs`` (its metrics) record."""
     total = 0.0
-    for out in entry.get("outs", []):
-        path = repo / out["path"]
+    for path in outputs:
         if path.suffix == ".json" and path.is_file():
             data = json.loads(path.read_text())
             if isinstance(data, dict) and isinstance(data.get("seconds"), (int, float)):
@@ -187,14 +189,14 @@ def paper_plan(repo: Path = Path(".")) -> list[Planned]:
     stages = pipeline_stages(str(repo), dvcfile)
     stale = [s for s in stages if s in status]
     known = Measurements.read(repo, paper, default, outdated_runs(repo, stale, status))
+    outputs = locked_outputs(repo, dvcfile)
     plan = []
     for stage in stages:
+        target = training_target(stage, repo)
         if stage not in status:
-            target = training_target(stage, repo)
-            plan.append(Planned(stage, target.steps if target else 0, recorded_seconds(repo, dvcfile, stage), done=True))
+            plan.append(Planned(stage, target.steps if target else 0, recorded_seconds(outputs.get(stage, [])), done=True))
             continue
         warm = only_the_warm_start_changed(status[stage])
-        target = training_target(stage, repo)
         if target is None:  # curve_start's questions are counted with the curve's
             plan.append(Planned(stage, 0, 0.0, warm_start_only=warm))
             continue

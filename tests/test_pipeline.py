@@ -343,7 +343,7 @@ def test_plan_leaves_out_what_runs_out_of_date_measured(tmp_path: Path) -> None:
 def test_plan_counts_the_stages_up_to_date_at_the_seconds_they_recorded(tmp_path: Path) -> None:
     """The plan's last line is the whole set's cost: what the finished stages recorded (their JSON
     outputs' ``seconds``, found through the lock) plus the estimates of what is left to run."""
-    from flows.plan import Planned, describe, recorded_seconds
+    from flows.plan import Planned, describe, locked_outputs, recorded_seconds
 
     lock = {"schema": "2.0", "stages": {"run@grpo-0": {"cmd": "x", "outs": [
         {"path": "paper/metrics/train/grpo.seed0.json"}, {"path": "paper/metrics/eval/grpo.seed0.json"},
@@ -356,8 +356,9 @@ def test_plan_counts_the_stages_up_to_date_at_the_seconds_they_recorded(tmp_path
     for path, data in outputs.items():
         (tmp_path / "paper" / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "paper" / path).write_text(json.dumps(data))
-    assert recorded_seconds(tmp_path, "paper/dvc.yaml", "paper/dvc.yaml:run@grpo-0") == 1500.0
-    assert recorded_seconds(tmp_path, "paper/dvc.yaml", "paper/dvc.yaml:report") == 0.0  # not in the lock
+    outputs = locked_outputs(tmp_path, "paper/dvc.yaml")
+    assert list(outputs) == ["paper/dvc.yaml:run@grpo-0"] and recorded_seconds(outputs["paper/dvc.yaml:run@grpo-0"]) == 1500.0
+    assert locked_outputs(tmp_path, "other/dvc.yaml") == {} and recorded_seconds([]) == 0.0  # no lock yet
     done = [Planned("paper/dvc.yaml:run@grpo-0", 40, 1500.0, done=True), Planned("paper/dvc.yaml:report", 0, 0.0, done=True)]
     finished = describe(done)
     assert "nothing to run" in finished and "the whole set took ~0.4 h" in finished and "its 2 stages" in finished
