@@ -163,7 +163,9 @@ def outdated_runs(repo: Path, stale: list[str], status: dict[str, list]) -> froz
 def locked_outputs(repo: Path, dvcfile: str) -> dict[str, list[Path]]:
     """Stage (as :func:`pipeline_stages` names it) -> the outputs ``dvcfile``'s lock lists for it."""
     lock_file = (repo / dvcfile).with_suffix(".lock")
-    stages = (yaml.safe_load(lock_file.read_text()) or {}).get("stages") or {} if lock_file.is_file() else {}
+    if not lock_file.is_file():
+        return {}
+    stages = (yaml.safe_load(lock_file.read_text()) or {}).get("stages") or {}
     return {f"{dvcfile}:{name}": [repo / out["path"] for out in entry.get("outs", [])] for name, entry in stages.items()}
 
 
