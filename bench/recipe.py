@@ -75,13 +75,12 @@ def train_side(experiment: str, name: str, sets: list[str], steps: int, eval_eve
 
 def preset_init(experiment: str) -> str:
     """What preset ``experiment`` of paper/presets.yaml trains from: ``sft`` (the warm start) or ``base``."""
-    from agent_r1.config import read_presets
+    from agent_r1.config import load_params, with_presets
 
-    presets = read_presets(PRESETS)
-    found = {**presets.experiments, **presets.extra}
+    found = with_presets(load_params(ROOT / "params.yaml"), PRESETS).experiments  # validated: the schema's defaults
     if experiment not in found:
         raise SystemExit(f"--experiment {experiment!r}: not a preset of {PRESETS} (has {sorted(found)})")
-    return found[experiment].get("init", "sft")
+    return found[experiment].init
 
 
 def plot(sides: dict[str, dict], curve: list[dict[str, float]] | None, path: Path) -> None:
