@@ -1,4 +1,9 @@
-"""Computing less without changing the update, on the real policy and a real multi-turn rollout.
+"""Computing less without changing the update, on a real multi-turn rollout of the real policy.
+
+The update runs on the real 135M policy in the slow suite, and on a random
+2-layer Llama with its tokenizer (``agent_r1.smoke.tiny_policy``) in the fast
+one: what is checked (which tokens are computed, shared or skipped) does not
+depend on the network's size, and the real one's update is most of a minute.
 
 * Prefix sharing (train.share_prefix): the shared prefixes of a packed
   micro-batch (system prompt, question, step k's context inside step k+1) are
@@ -34,6 +39,20 @@ from agent_r1.training.samples import make_samples
 # log-probs and ~1e-6 relative on the gradients; a wrong position, mask or path is 1e-2 or more.
 LOGPROB_TOL = 1e-4
 GRAD_RTOL = 1e-3
+
+MODELS = ["tiny", pytest.param("real", marks=pytest.mark.slow)]  # the model updated (module docstring)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory, policy_dir: Path) -> Path:
+    from agent_r1.smoke import tiny_policy
+
+    return tiny_policy(policy_dir, tmp_path_factory.mktemp("tiny") / "policy")
+
+
+@pytest.fixture
+def model_dir(model: str, policy_dir: Path, tiny_dir: Path) -> Path:
+    return policy_dir if model == "real" else tiny_dir
 
 
 def rollout_params(**train: object) -> Params:
@@ -72,9 +91,12 @@ def logprobs_and_grads(lm: torch.nn.Module, samples, share: bool) -> tuple[torch
     return lp.detach(), torch.cat([p.grad.flatten() for p in lm.parameters()])
 
 
-@pytest.mark.parametrize("representation", ["flat", "step"])
+# flat in the slow suite: the step samples' layout holds the flat one's shared prefixes (system prompt,
+# question) and the step contexts nested below them, so step exercises every path flat does
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("representation", [pytest.param("flat", marks=pytest.mark.slow), "step"])
 def test_shared_prefixes_give_the_unshared_logprobs_and_gradients(
-    representation: str, rollout: TrajectoryBatch, policy_dir: Path
+    representation: str, rollout: TrajectoryBatch, model_dir: Path
 ) -> None:
     from transformers import AutoModelForCausalLM
 
@@ -85,7 +107,7 @@ def test_shared_prefixes_give_the_unshared_logprobs_and_gradients(
     print(f"\n{representation}: {len(tokens)} samples, {sum(map(len, tokens))} tokens, {shared:.0%} shared")
     assert shared > (0.4 if representation == "step" else 0.2)  # system prompt, questions (+ step contexts)
 
-    lm = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
+    lm = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     use_packed_attention(lm)
     lp, grads = logprobs_and_grads(lm, samples, share=False)
     lp_shared, grads_shared = logprobs_and_grads(lm, samples, share=True)
@@ -151,9 +173,10 @@ def one_signal_group(batch: TrajectoryBatch) -> TrajectoryBatch:
     return TrajectoryBatch(**{**batch.__dict__, "token_rewards": rewards})
 
 
+@pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("representation", ["flat", pytest.param("step", marks=pytest.mark.slow)])
 def test_skipping_zero_signal_samples_gives_the_same_optimizer_step(
-    representation: str, rollout: TrajectoryBatch, policy_dir: Path
+    representation: str, rollout: TrajectoryBatch, model_dir: Path
 ) -> None:
     batch = one_signal_group(rollout)
     weights, metrics = {}, {}
@@ -161,7 +184,7 @@ def test_skipping_zero_signal_samples_gives_the_same_optimizer_step(
         params = rollout_params(skip_zero_signal=skip)
         params = params.model_copy(update={
             "algorithm": params.algorithm.model_copy(update={"representation": representation})})
-        models = build_models(params, policy_dir)
+        models = build_models(params, model_dir)
         metrics[skip] = update_from_rollout(params, models, batch)
         weights[skip] = torch.cat([v.flatten() for v in models.actor.module.state_dict().values()])
     assert metrics[False]["skipped_samples"] == 0.0

@@ -2,6 +2,13 @@
 
 One repo is shared by the tests of this module (building it runs every stage
 once); each test states what it expects of the repo's state.
+
+Its policy is a random 2-layer Llama with the real one's tokenizer and chat
+template (``agent_r1.smoke.tiny_policy``): what is tested here is the
+orchestration (every stage's code run by DVC under Prefect, caching, reports,
+artifacts), and decoding with the 135M policy would be most of the suite's
+time. The real policy runs through each stage's code in the tests of that code
+(tests/test_engine.py, test_rollout_loop.py, test_trainer.py, test_compute_less.py).
 """
 
 from __future__ import annotations
@@ -26,15 +33,16 @@ TINY_DATA = {
     "val_questions": 4,
     "synthetic": {"n_train": 40, "n_test": 20, "n_test_ood": 10, "n_test_ood_2hop": 10, "n_test_paraphrase": 10, "entities_per_type": 40},
 }
-# Every stage for real, at toy sizes: 2 demos, 2 RL steps of 2 questions x 2 samples, 4 eval questions per source.
-# One checkpoint per run (save_every = steps): each is ~2 GB of the real model's ZeRO states.
+# Every stage for real, at toy sizes: 2 demos, 2 RL steps of 2 questions x 2 samples, 3 eval questions per source;
+# every evaluation's 12 episodes in one wave of slots (batch_size), and one validation, at the run's end.
+# One checkpoint per run (save_every = steps).
 TINY = {
     "data": TINY_DATA,
-    "rollout": {"n": 2, "max_new_tokens": 40, "max_total_tokens": 700, "batch_size": 8},
+    "rollout": {"n": 2, "max_new_tokens": 32, "max_total_tokens": 700, "batch_size": 12},
     "env": {"max_turns": 3},
-    "eval": {"questions_per_source": 3},
+    "eval": {"questions_per_source": 3, "naive_rag_max_new_tokens": 32},
     "sft": {"n_demos": 2, "batch_size": 2},
-    "train": {"steps": 2, "questions_per_step": 2, "mini_batch_size": 4, "save_every": 2, "eval_every": 1,
+    "train": {"steps": 2, "questions_per_step": 2, "mini_batch_size": 4, "save_every": 2, "eval_every": 2,
               "eval_questions": 2, "micro_batch_tokens": 2048, "gradient_checkpointing": False},
 }
 STAGES = ["download", "prepare", "index", "baselines", "sft", "evaluate_sft", "train@grpo", "evaluate@grpo", "report"]
@@ -89,14 +97,18 @@ def make_repo(repo: Path, policy_dir: Path, encoder_dir: Path, **overrides: obje
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory, policy_dir: Path, encoder_dir: Path) -> Path:
-    return make_repo(tmp_path_factory.mktemp("pipeline"), policy_dir, encoder_dir)
+    from agent_r1.smoke import tiny_policy
+
+    policy = tiny_policy(policy_dir, tmp_path_factory.mktemp("tiny") / "policy")
+    return make_repo(tmp_path_factory.mktemp("pipeline"), policy, encoder_dir)
 
 
 @pytest.fixture(scope="module")
-def prefect_harness():
-    from prefect.testing.utilities import prefect_test_harness
+def prefect_harness(prefect_api: tuple[str, dict[str, str]]):
+    """The flows of this module report to the session's real Prefect server (conftest.py)."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    with prefect_test_harness(server_startup_timeout=120):
+    with temporary_settings(updates={PREFECT_API_URL: prefect_api[0]}):
         yield
 
 
@@ -107,6 +119,7 @@ def test_flow_runs_every_stage_then_reports_all_cached(repo: Path, prefect_harne
     stages = pipeline_stages(str(repo))
     assert stages == STAGES
 
+    before = {a.id for found in _artifacts().values() for a in found}  # the server is shared: others' are there too
     first = pipeline(repo=str(repo))
     assert [(r.stage, r.ran) for r in first] == [(s, True) for s in stages]
     assert (repo / "models/policy/model.safetensors").exists()
@@ -133,15 +146,8 @@ def test_flow_runs_every_stage_then_reports_all_cached(repo: Path, prefect_harne
     second = pipeline(repo=str(repo))
     assert [(r.stage, r.ran) for r in second] == [(s, False) for s in stages]
 
-    import asyncio
-
-    from prefect.client.orchestration import get_client
-
-    async def artifact_keys() -> set[str]:
-        async with get_client() as client:
-            return {a.key for a in await client.read_artifacts()}
-
-    assert {"stages", "metrics", "report", "report-results", "progress-train-grpo"} <= asyncio.run(artifact_keys())
+    ours = {key for key, found in _artifacts().items() if any(a.id not in before for a in found)}
+    assert {"stages", "metrics", "report", "report-results", "progress-train-grpo"} <= ours
 
 
 def test_dvc_repro_is_noop_then_top_k_reruns_only_index(repo: Path) -> None:
@@ -229,6 +235,7 @@ PAPER_STAGES = ["paper/dvc.yaml:curve", "paper/dvc.yaml:curve_start", "paper/dvc
 
 
 def _artifacts() -> dict[str, list]:
+    """Every artifact the Prefect server holds, by key."""
     import asyncio
 
     from prefect.client.orchestration import get_client

@@ -461,6 +461,9 @@ def uninterrupted(world, policy: Path, params: Params, out: Path) -> dict:
     return train_rl(params, **kw)
 
 
+# Slow suite: three subprocess runs of the PPO loop (1-2 min). The fast suite's kill -9 + resume is
+# tests/test_deepspeed_ranks.py's (bit-identical), its in-process resume test_train_rl_runs_checkpoints_resumes_and_exports.
+@pytest.mark.slow
 def test_kill_9_mid_rollout_and_before_export_then_resume_ends_like_an_uninterrupted_run(
     world, tiny_policy: Path, tmp_path: Path
 ) -> None:
@@ -621,7 +624,8 @@ def test_grpo_without_the_loss_mask_trains_observations_with_their_turns_advanta
 ROLLOUT_MISMATCH_TOL = 1e-4
 
 
-@pytest.mark.parametrize("representation", ["flat", "step"])
+# step in the slow suite: its samples are the same tokens re-cut per turn (tests/test_steps.py), scored by the same code
+@pytest.mark.parametrize("representation", ["flat", pytest.param("step", marks=pytest.mark.slow)])
 def test_the_default_engines_logprobs_match_the_trainers(representation: str, world, policy_dir: Path) -> None:
     """The real policy, a real multi-turn rollout with the default engine, then the update: its
     ``rollout_mismatch`` (engine vs trainer log-probs of the sampled tokens) is within the tolerance."""
