@@ -62,13 +62,14 @@ class GameCounts(PluginOptions):
 
 
 class GuessingGames(DataSource):
-    """One record per game: its id seeds the secret; ``answers`` holds it, for logs only."""
+    """One record per game: its id seeds the secret. The env judges success, so ``answers`` holds a
+    placeholder (a real phrase: an answer that normalises to nothing is refused at prepare)."""
 
     Options = GameCounts
 
     def generate(self, data: DataConfig) -> tuple[Any, Any]:
         n = self.options.n_train + self.options.n_test
-        records = [{"id": f"guess-{data.seed}-{i:05d}", "question": "Find the hidden number.", "answers": ["?"],
+        records = [{"id": f"guess-{data.seed}-{i:05d}", "question": "Find the hidden number.", "answers": ["the hidden number"],
                     "supporting_titles": [], "type": "guess", "source": "guess", "sub_queries": [],
                     "split": "train" if i < self.options.n_train else "test"} for i in range(n)]
         notes = [{"doc_id": "guess-note-0", "title": "Bisection", "text": "Halve the interval with each guess."}]

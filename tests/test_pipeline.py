@@ -256,7 +256,8 @@ def add_paper_presets(repo: Path, ranks: int) -> None:
         dvc(repo, "repro")
     shutil.rmtree(repo / "paper", ignore_errors=True)  # every variant trains its presets from scratch
     (repo / "paper").mkdir()
-    shutil.copy(ROOT / "paper" / "dvc.yaml", repo / "paper" / "dvc.yaml")
+    for name in ("dvc.yaml", "notes.md"):  # the report stage reads the notes
+        shutil.copy(ROOT / "paper" / name, repo / "paper" / name)
     presets = copy.deepcopy(TINY_PRESETS)
     presets["experiments"]["grpo-no-loss-mask"]["overrides"]["train"] = {"num_procs": ranks}
     (repo / "paper" / "presets.yaml").write_text(yaml.safe_dump(presets, sort_keys=False))
@@ -387,7 +388,7 @@ def test_paper_presets_run_apart_from_the_default_pipeline(repo: Path, prefect_h
     runs = pipeline(repo=str(repo), paper=True)
     assert [r.stage for r in runs if r.ran] == PAPER_STAGES  # the default stages were all cached
     for name in ("grpo.seed0", "grpo-no-loss-mask.seed0"):
-        assert json.loads((repo / f"paper/metrics/eval/{name}.json").read_text())["n"] == 9
+        assert json.loads((repo / f"paper/metrics/eval/{name}.json").read_text())["n"] == 12  # 3 a source
         assert (repo / f"paper/outcomes/{name}.jsonl").exists()
         assert (repo / f"paper/dvclive/{name}/plots/metrics/eval/em.tsv").exists()
     curve = (repo / "paper/dvclive/curve/plots/metrics/eval/em.tsv").read_text().splitlines()
@@ -492,8 +493,8 @@ def test_step_level_training_with_a_managed_context_runs_through_dvc(repo: Path)
         last = json.loads((repo / "metrics/train/grpo_step.json").read_text())["last"]
         assert last["samples"] == pytest.approx(4 * last["turns"])  # one sample per turn of 2 x 2 episodes
         assert json.loads((repo / "checkpoints/grpo_step/latest.json").read_text())["step"] == 1
-        assert json.loads((repo / "metrics/eval/grpo_step.json").read_text())["n"] == 9
-        assert len((repo / "outcomes/grpo_step.jsonl").read_text().splitlines()) == 9
+        assert json.loads((repo / "metrics/eval/grpo_step.json").read_text())["n"] == 12  # 3 a source
+        assert len((repo / "outcomes/grpo_step.jsonl").read_text().splitlines()) == 12
         flat = json.loads((repo / "metrics/train/grpo.json").read_text())["last"]
         assert flat["samples"] == 4  # one sample per episode
     finally:
