@@ -4,6 +4,7 @@ same way the download stage builds them (PyPI wheel -> safetensors folder)."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # No usage reports from the temporary DVC repos the tests create (their config is dvc init's).
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+
+# This interpreter's bin folder first on PATH, as the stages have it (tasks.dvc_stage.stage_env).
+# Why: DeepSpeed JIT-builds its CPU all-reduce op with the first `ninja` on PATH, and the venv's
+# ninja (a pip wheel) and the system's log their commands under different hashes, so each switch
+# between a stage and an in-process or launched rank rebuilt the op (~60 s a time on 2 cores).
+os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
 
 # Hypothesis profiles, chosen by HYPOTHESIS_PROFILE (the Makefile sets it; `ci` when CI=true).
 # `ci`: the same inputs on every run, so a red CI is reproducible and a green one is not luck.
