@@ -15,6 +15,10 @@ $(STAMP): pyproject.toml requirements.lock requirements-vllm.lock requirements-t
 	$(PY) -m pip install -q -r requirements.lock -r requirements-textworld.lock
 	$(PY) -m pip install -q --no-deps -r requirements-vllm.lock
 	$(PY) -m pip install -q --no-deps -e .
+	@# Without a GPU, DeepSpeed JIT-compiles its CPU all-reduce op the first time a process starts it
+	@# (~1 min on 2 cores, into ~/.cache/torch_extensions): here, with the install, not in the first stage or test.
+	$(PY) -c 'import torch; raise SystemExit(not torch.cuda.is_available())' || DS_ACCELERATOR=cpu \
+	  $(PY) -c 'from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; ShareMemCommBuilder().load(verbose=False)'
 	touch $(STAMP)
 
 venv: $(STAMP)
